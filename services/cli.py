@@ -1,0 +1,170 @@
+"""`trireme` console command: serve | scheduler | frontend | worker.
+
+`serve` is the embedded default: this process becomes the scheduler, which spawns one
+worker per model instance and N frontend processes sharing the HTTP/gRPC ports. The other
+subcommands run one piece alone (compose, Kubernetes) with explicit tcp:// or ipc://
+addresses. Flags mirror `tritonserver` where it has one.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+from services.common.procutil import set_title
+
+log = logging.getLogger("trireme")
+
+
+def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model-repository", action="append", required=True, type=Path,
+                   help="model repository path (repeatable)")
+    p.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default="none")
+    p.add_argument("--repository-poll-secs", type=float, default=15.0)
+    p.add_argument("--load-model", action="append", default=[],
+                   help="model to load at start in explicit mode ('*' for all)")
+    p.add_argument("--model-config-name", default=None)
+    p.add_argument("--disable-auto-complete-config", action="store_true")
+    p.add_argument("--strict-readiness", type=_bool, default=True)
+    p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--allow-metrics", type=_bool, default=True)
+    p.add_argument("--exit-timeout-secs", type=float, default=30.0)
+    p.add_argument("--log-verbose", type=int, default=0)
+
+
+def _bool(v: str) -> bool:
+    from services.frontend.main import _bool as parse
+    return parse(v)
+
+
+def _scheduler_settings(args: argparse.Namespace, frontend_addr: str, worker_addr: str, host: str):
+    from services.scheduler.main import SchedulerSettings
+    for r in args.model_repository:
+        if not r.is_dir():
+            raise SystemExit(f"error: failed to stat file {r}")
+    return SchedulerSettings(
+        repositories=[r.resolve() for r in args.model_repository],
+        frontend_addr=frontend_addr, worker_addr=worker_addr,
+        control_mode=args.model_control_mode, load_models=args.load_model,
+        repository_poll_secs=args.repository_poll_secs, config_name=args.model_config_name,
+        disable_autocomplete=args.disable_auto_complete_config,
+        strict_readiness=args.strict_readiness, metrics_port=args.metrics_port,
+        allow_metrics=args.allow_metrics, host=host,
+        worker_args=["--no-shm"] if getattr(args, "no_shm", False) else [])
+
+
+async def _run_scheduler(settings, frontend_cmds: list[list[str]], exit_timeout: float) -> int:
+    from services.scheduler.main import Scheduler
+    from services.scheduler.supervisor import ProcessHandle
+
+    sched = Scheduler(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await sched.start()
+    frontends: list[ProcessHandle] = []
+
+    async def frontend_exited(h: ProcessHandle, code: int) -> None:
+        if h.stopping or stop.is_set():
+            return
+        log.error("%s exited with code %s; restarting it", h.name, code)
+        await asyncio.sleep(0.5)
+        if not stop.is_set():
+            await h.start()
+
+    for i, cmd in enumerate(frontend_cmds):
+        h = ProcessHandle(f"frontend {i}", "services.frontend.main", cmd, on_exit=frontend_exited)
+        await h.start()
+        frontends.append(h)
+    load = loop.create_task(sched.load_initial())
+    await stop.wait()
+    log.info("shutting down")
+    load.cancel()
+    await asyncio.gather(*(h.stop(exit_timeout) for h in frontends), return_exceptions=True)
+    await sched.stop()
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from services.frontend.main import add_frontend_args  # noqa: F401  (flags parsed already)
+    set_title("trireme serve (scheduler)")
+    run_dir = tempfile.mkdtemp(prefix=f"trireme-{os.getpid()}-")
+    try:
+        settings = _scheduler_settings(args, f"ipc://{run_dir}/frontends.sock",
+                                       f"ipc://{run_dir}/workers.sock", args.host)
+        cmds = []
+        for i in range(args.frontends):
+            cmds.append(["--scheduler", settings.frontend_addr,
+                         "--result-addr", f"ipc://{run_dir}/results-{i}.sock",
+                         "--http-port", str(args.http_port), "--grpc-port", str(args.grpc_port),
+                         "--host", args.host, "--allow-http", str(args.allow_http),
+                         "--allow-grpc", str(args.allow_grpc),
+                         "--http-max-input-size", str(args.http_max_input_size),
+                         "--server-name", args.server_name,
+                         "--inline-threshold", str(args.inline_threshold),
+                         *(["--no-shm"] if args.no_shm else [])])
+        return _asyncio_run(_run_scheduler(settings, cmds, args.exit_timeout_secs))
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def cmd_scheduler(args: argparse.Namespace) -> int:
+    set_title("trireme scheduler")
+    settings = _scheduler_settings(args, args.frontend_addr, args.worker_addr, args.host)
+    return _asyncio_run(_run_scheduler(settings, [], args.exit_timeout_secs))
+
+
+def _asyncio_run(coro) -> int:
+    try:
+        import uvloop
+        uvloop.install()
+    except ImportError:
+        pass
+    return asyncio.run(coro)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from services.frontend.main import add_frontend_args
+
+    parser = argparse.ArgumentParser(prog="trireme", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="scheduler + workers + N frontends on this machine")
+    _add_scheduler_args(serve)
+    add_frontend_args(serve)
+    serve.add_argument("--frontends", type=int, default=1, help="frontend processes sharing the ports")
+    serve.set_defaults(func=cmd_serve)
+
+    sched = sub.add_parser("scheduler", help="the scheduler alone (frontends connect to it)")
+    _add_scheduler_args(sched)
+    sched.add_argument("--frontend-addr", default="tcp://0.0.0.0:8010")
+    sched.add_argument("--worker-addr", default="tcp://127.0.0.1:8011")
+    sched.add_argument("--host", default="0.0.0.0")
+    sched.add_argument("--no-shm", action="store_true")
+    sched.set_defaults(func=cmd_scheduler)
+
+    sub.add_parser("frontend", help="one frontend (see trireme frontend --help)", add_help=False)
+    sub.add_parser("worker", help="one worker (see trireme worker --help)", add_help=False)
+
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "frontend":
+        from services.frontend.main import main as frontend_main
+        return frontend_main(argv[1:])
+    if argv and argv[0] == "worker":
+        from services.workers.main import main as worker_main
+        return worker_main(argv[1:])
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.log_verbose else logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,312 @@
+"""The one table of tensor datatypes, and conversions between wire, JSON and numpy.
+
+API datatype strings ("FP32", "BYTES") are what clients send; config names ("TYPE_FP32",
+"TYPE_STRING") are what config.pbtxt holds. Raw tensor bytes are little-endian, row-major,
+unpadded; BOOL is one byte; BYTES elements are a 4-byte little-endian length + the bytes.
+Decoding always goes through numpy.frombuffer, never element by element, except BYTES.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Iterable, Sequence
+from itertools import chain
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from services.common.errors import TriremeError, invalid_arg
+
+# API datatype -> numpy dtype (explicitly little-endian: it is the wire order).
+_NUMPY: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype("<u1"),
+    "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"),
+    "INT8": np.dtype("<i1"),
+    "INT16": np.dtype("<i2"),
+    "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"),
+    "FP32": np.dtype("<f4"),
+    "FP64": np.dtype("<f8"),
+    "BYTES": np.dtype(object),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+}
+DATATYPES: tuple[str, ...] = tuple(_NUMPY)
+
+_API_TO_CONFIG: dict[str, str] = {
+    dt: ("TYPE_STRING" if dt == "BYTES" else f"TYPE_{dt}") for dt in DATATYPES
+}
+_CONFIG_TO_API: dict[str, str] = {cfg: dt for dt, cfg in _API_TO_CONFIG.items()}
+
+# numpy (kind, itemsize) -> API datatype, so any byte order maps back.
+_BY_KIND: dict[tuple[str, int], str] = {
+    (d.kind, d.itemsize): name for name, d in _NUMPY.items() if d.kind in "biuf"
+}
+_BF16 = _NUMPY["BF16"]
+
+# numpy kinds of a parsed JSON list that each datatype accepts: ints only from JSON ints,
+# floats from any number, BOOL only from true/false (as Triton's JSON parser does).
+_ACCEPTED_KINDS: dict[str, str] = {dt: "iu" for dt in DATATYPES if dt[0] in "IU"}
+_ACCEPTED_KINDS.update({"BOOL": "b", "FP16": "iuf", "FP32": "iuf", "FP64": "iuf", "BF16": "iuf"})
+
+_U32 = struct.Struct("<I")
+_SCALARS = (str, bytes, bytearray, int, float, bool, type(None))
+
+
+def numpy_dtype(datatype: str) -> np.dtype:
+    """numpy dtype for an API datatype; BYTES is the object dtype."""
+    try:
+        return _NUMPY[datatype]
+    except (KeyError, TypeError):
+        raise invalid_arg(f"unsupported datatype '{datatype}'") from None
+
+
+def datatype_of(dtype: Any) -> str:
+    """API datatype for a numpy dtype (or anything np.dtype() accepts)."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise invalid_arg(f"unsupported numpy dtype {dtype!r}") from None
+    if dt.kind in "OSU":
+        return "BYTES"
+    if dt == _BF16:
+        return "BF16"
+    name = _BY_KIND.get((dt.kind, dt.itemsize))
+    if name is None:
+        raise invalid_arg(f"unsupported numpy dtype {dt}")
+    return name
+
+
+def config_to_api(name: str) -> str:
+    """"TYPE_FP32" -> "FP32", "TYPE_STRING" -> "BYTES"."""
+    try:
+        return _CONFIG_TO_API[name]
+    except (KeyError, TypeError):
+        raise invalid_arg(f"unsupported data type '{name}'") from None
+
+
+def api_to_config(datatype: str) -> str:
+    """"FP32" -> "TYPE_FP32", "BYTES" -> "TYPE_STRING"."""
+    try:
+        return _API_TO_CONFIG[datatype]
+    except (KeyError, TypeError):
+        raise invalid_arg(f"unsupported datatype '{datatype}'") from None
+
+
+def element_size(datatype: str) -> int | None:
+    """Bytes per element; None for BYTES (variable length)."""
+    if datatype == "BYTES":
+        return None
+    return numpy_dtype(datatype).itemsize
+
+
+def expected_byte_size(datatype: str, shape: Sequence[int]) -> int | None:
+    """Byte size of a dense tensor; None for BYTES or a shape with a wildcard (-1)."""
+    size = element_size(datatype)
+    if size is None or any(d < 0 for d in shape):
+        return None
+    return size * math.prod(shape)
+
+
+# ---- BYTES wire format ---------------------------------------------------------------
+
+def _to_bytes(x: Any) -> bytes:
+    if isinstance(x, bytes):
+        return x
+    if isinstance(x, str):
+        return x.encode("utf-8")
+    if isinstance(x, (bytearray, memoryview)):
+        return bytes(x)
+    return str(x).encode("utf-8")  # what tritonclient does for other objects
+
+
+def _join_framed(items: list[bytes]) -> bytes:
+    # One C-level join over (length, payload) pairs: no per-element concatenation.
+    return b"".join(chain.from_iterable(zip(map(_U32.pack, map(len, items)), items)))
+
+
+def serialize_bytes_tensor(arr: np.ndarray | Iterable[Any]) -> bytes:
+    """Elements in C order, each as <u4 length + bytes; str is encoded as UTF-8."""
+    if not isinstance(arr, np.ndarray):
+        arr = np.array(arr, dtype=object)  # not np.asarray: dtype "S" drops trailing NULs
+    items = arr.ravel(order="C").tolist()
+    if not all(type(x) is bytes for x in items):  # len() must be the byte count
+        items = [_to_bytes(x) for x in items]
+    return _join_framed(items)
+
+
+def _truncated(index: int, off: int, n: int) -> TriremeError:
+    return invalid_arg(f"BYTES tensor buffer is truncated: element {index} at byte {off} "
+                       f"overruns the {n}-byte buffer")
+
+
+def _split(buf: Any) -> list[bytes]:
+    """The elements of a BYTES buffer, validating its framing."""
+    data = buf if isinstance(buf, bytes) else bytes(buf)
+    n = len(data)
+    if n >= 4:  # fast path: every element the same length (fixed-width strings, ids)
+        (width,) = _U32.unpack_from(data, 0)
+        if width and n % (4 + width) == 0:
+            rec = np.frombuffer(data, dtype=[("n", "<u4"), ("d", f"V{width}")])
+            if (rec["n"] == width).all():
+                return rec["d"].tolist()  # void -> bytes, trailing NULs kept
+    out: list[bytes] = []
+    append, unpack, off = out.append, _U32.unpack_from, 0
+    try:
+        while off < n:
+            end = off + 4 + unpack(data, off)[0]
+            if end > n:
+                raise _truncated(len(out), off, n)
+            append(data[off + 4:end])
+            off = end
+    except struct.error:  # fewer than 4 length bytes left
+        raise _truncated(len(out), off, n) from None
+    return out
+
+
+def deserialize_bytes_tensor(buf: Any) -> np.ndarray:
+    """1-D object array of `bytes` from the BYTES wire format."""
+    items = _split(buf)
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
+    return out
+
+
+def bytes_tensor_count(buf: Any) -> int:
+    """Number of elements in a BYTES buffer, validating its framing."""
+    data = buf if isinstance(buf, (bytes, bytearray)) else memoryview(buf).cast("B")
+    n, off, count = len(data), 0, 0
+    unpack = _U32.unpack_from
+    try:
+        while off < n:
+            end = off + 4 + unpack(data, off)[0]
+            if end > n:
+                raise _truncated(count, off, n)
+            off = end
+            count += 1
+    except struct.error:
+        raise _truncated(count, off, n) from None
+    return count
+
+
+# ---- JSON <-> raw buffers ------------------------------------------------------------
+
+def _flatten_into(out: list[Any], seq: Iterable[Any]) -> None:
+    for x in seq:
+        if isinstance(x, (list, tuple)):
+            _flatten_into(out, x)
+        else:
+            out.append(x)
+
+
+def _flat(data: Any) -> list[Any]:
+    if isinstance(data, _SCALARS):
+        return [data]  # Triton accepts a bare scalar for a one-element tensor
+    data = list(data)
+    if any(isinstance(x, (list, tuple)) for x in data):
+        out: list[Any] = []
+        _flatten_into(out, data)
+        return out
+    return data
+
+
+def _element_count(name: str, shape: Sequence[int]) -> int:
+    if any(not isinstance(d, int) or d < 0 for d in shape):
+        raise invalid_arg(f"input '{name}' has invalid shape {list(shape)}")
+    return math.prod(shape)
+
+
+def _count_error(name: str, got: int, shape: Sequence[int], want: int) -> TriremeError:
+    return invalid_arg(f"input '{name}' has {got} elements but its shape {list(shape)} "
+                       f"requires {want}")
+
+
+def _type_error(name: str, datatype: str) -> TriremeError:
+    return invalid_arg(f"unable to parse 'data' of input '{name}': expected {datatype} values")
+
+
+def json_to_buffer(name: str, datatype: str, shape: Sequence[int], data: Any) -> bytes:
+    """KServe v2 JSON `data` (flat or nested, row-major) -> raw little-endian bytes."""
+    want = _element_count(name, shape)
+    if datatype == "BYTES":
+        items = _flat(data)
+        if len(items) != want:
+            raise _count_error(name, len(items), shape, want)
+        try:
+            encoded = [s.encode("utf-8") for s in items]
+        except AttributeError:  # bytes (e.g. gRPC bytes_contents) are fine, numbers are not
+            if not all(isinstance(s, (str, bytes)) for s in items):
+                raise _type_error(name, datatype) from None
+            encoded = [_to_bytes(s) for s in items]
+        return _join_framed(encoded)
+
+    dtype = numpy_dtype(datatype)
+    if isinstance(data, _SCALARS):
+        data = [data]
+    try:
+        arr = np.array(data)  # one C pass over the list; infers kind for type checking
+    except (ValueError, TypeError):  # ragged nesting: Triton just walks it in order
+        try:
+            arr = np.array(_flat(data))
+        except (ValueError, TypeError):
+            raise _type_error(name, datatype) from None
+    if arr.size != want:
+        raise _count_error(name, arr.size, shape, want)
+    if want == 0:
+        return b""
+    if dtype.kind in "iu" and arr.dtype.kind == "f":
+        # numpy turns a mix of ints beyond int64 (UINT64 data) and small ints into
+        # float64; redo that rare case exactly from the Python ints.
+        flat = _flat(data)
+        if all(type(x) is int for x in flat):
+            _check_range(name, datatype, dtype, min(flat), max(flat))
+            return np.array(flat, dtype=dtype).tobytes()
+    if arr.dtype.kind not in _ACCEPTED_KINDS[datatype]:
+        raise _type_error(name, datatype)
+    if dtype.kind in "iu":
+        _check_range(name, datatype, dtype, int(arr.min()), int(arr.max()))
+    with np.errstate(over="ignore"):  # 1e40 -> inf in FP32, as a C cast would do
+        return arr.astype(dtype, copy=False).tobytes()
+
+
+def _check_range(name: str, datatype: str, dtype: np.dtype, lo: int, hi: int) -> None:
+    info = np.iinfo(dtype)
+    if lo < info.min or hi > info.max:
+        bad = lo if lo < info.min else hi
+        raise invalid_arg(f"unable to parse 'data' of input '{name}': value {bad} is out "
+                          f"of range for {datatype}")
+
+
+def _dense_view(datatype: str, shape: Sequence[int], buf: Any) -> np.ndarray:
+    dtype = numpy_dtype(datatype)
+    want = math.prod(shape) * dtype.itemsize
+    got = memoryview(buf).nbytes
+    if got != want:
+        raise invalid_arg(f"{datatype} tensor of shape {list(shape)} needs {want} bytes, "
+                          f"got {got}")
+    return np.frombuffer(buf, dtype=dtype)
+
+
+def buffer_to_json(datatype: str, shape: Sequence[int], buf: Any) -> list[Any]:
+    """Raw bytes -> flat list of JSON-ready Python values (BYTES as UTF-8 text)."""
+    if datatype == "BYTES":
+        items = _split(buf)
+        if len(items) != math.prod(shape):
+            raise invalid_arg(f"BYTES tensor of shape {list(shape)} holds {len(items)} elements")
+        return [b.decode("utf-8", "replace") for b in items]
+    return _dense_view(datatype, shape, buf).tolist()  # FP16/BF16 -> float, BOOL -> bool
+
+
+def as_array(datatype: str, shape: Sequence[int], buf: Any) -> np.ndarray:
+    """numpy view of a raw buffer (no copy; read-only if buf is); BYTES is decoded."""
+    if datatype == "BYTES":
+        arr = deserialize_bytes_tensor(buf)
+        if arr.size != math.prod(shape):
+            raise invalid_arg(f"BYTES tensor of shape {list(shape)} holds {arr.size} elements")
+        return arr.reshape(shape)
+    return _dense_view(datatype, shape, buf).reshape(shape)

@@ -1,0 +1,273 @@
+"""Every message that crosses a process boundary, and its wire encoding.
+
+A message is a ZeroMQ multipart: ``[kind byte, msgpack header, *tensor frames]``.
+The kind byte lets the receiver pick a typed decoder without looking at the
+payload; tensor bytes never sit inside the header: they are either extra frames
+(small tensors, or when processes cannot share memory) or references into a
+shared-memory segment owned by the sender (see services/common/shm.py).
+
+No pickle anywhere: headers are msgspec Structs encoded as msgpack arrays.
+"""
+from __future__ import annotations
+
+import enum
+from typing import Any, Sequence
+
+import msgspec
+
+
+class Kind(enum.IntEnum):
+    # frontend -> scheduler
+    FRONTEND_HELLO = 1
+    INFER_REQUEST = 2
+    RELEASE_BLOCKS = 3
+    GET_MODEL_INFO = 4
+    GET_INDEX = 5
+    LOAD_MODEL_REQUEST = 6
+    UNLOAD_MODEL_REQUEST = 7
+    # scheduler -> frontend (INFER_RESULT also worker -> frontend)
+    INFER_RESULT = 10
+    MODEL_INFO = 11
+    INDEX = 12
+    CONTROL_DONE = 13
+    REPOSITORY_CHANGED = 14
+    # scheduler -> worker
+    LOAD_MODEL = 20
+    EXECUTE_BATCH = 21
+    SHUTDOWN = 22
+    # worker -> scheduler
+    WORKER_READY = 30
+    MODEL_LOADED = 31
+    BATCH_DONE = 32
+
+
+class _Msg(msgspec.Struct, array_like=True, omit_defaults=True):
+    pass
+
+
+class ErrorRecord(_Msg):
+    """An error crossing a process boundary: a services.common.errors.Code and its text."""
+    code: int
+    message: str
+
+
+class TensorRef(_Msg):
+    """Where a tensor's bytes are: an extra frame of this message (``frame`` >= 0) or a
+    block of the sender's shared-memory arena (``segment``, ``offset``)."""
+    name: str
+    datatype: str
+    shape: list[int]
+    nbytes: int
+    frame: int = -1
+    segment: str = ""
+    offset: int = 0
+
+
+# ---------------------------------------------------------------- frontend -> scheduler
+class FrontendHello(_Msg):
+    """First message of a frontend, so the scheduler can broadcast repository changes."""
+    pid: int
+
+
+class InferRequest(_Msg):
+    req_id: int                    # unique within the sending frontend
+    reply_to: str                  # the frontend's result socket (workers PUSH there)
+    model: str
+    version: int                   # 0: the model's default (latest ready) version
+    inputs: list[TensorRef]
+    outputs: list[str] = []        # requested outputs; empty: all of them
+    parameters: dict[str, Any] = {}
+    batch_size: int = 1
+
+
+class ReleaseBlocks(_Msg):
+    """The consumer is done with these output blocks; the scheduler forwards to the owner."""
+    owner_pid: int
+    blocks: list[tuple[str, int]]  # (segment, offset)
+
+
+class GetModelInfo(_Msg):
+    ctl_id: int
+    model: str
+
+
+class GetIndex(_Msg):
+    ctl_id: int
+    ready_only: bool = False
+
+
+class LoadModelRequest(_Msg):
+    ctl_id: int
+    model: str
+    config_json: str = ""          # "config" load parameter (JSON ModelConfig override)
+    files: dict[str, bytes] = {}   # "file:<version>/<name>" load parameters
+
+
+class UnloadModelRequest(_Msg):
+    ctl_id: int
+    model: str
+    unload_dependents: bool = False
+
+
+# ---------------------------------------------------------------- scheduler -> frontend
+class InferResult(_Msg):
+    req_id: int
+    model_version: int = 0
+    outputs: list[TensorRef] = []
+    error: ErrorRecord | None = None
+    parameters: dict[str, Any] = {}
+
+
+class IOSpec(_Msg):
+    name: str
+    datatype: str
+    shape: list[int]               # full shape: [-1] + dims when the model batches
+    optional: bool = False
+
+
+class ModelInfo(_Msg):
+    """What a frontend caches to answer metadata/config and to validate requests."""
+    ctl_id: int
+    name: str
+    error: ErrorRecord | None = None
+    platform: str = ""
+    backend: str = ""
+    versions: dict[int, str] = {}  # version -> state (READY, LOADING, UNAVAILABLE, ...)
+    max_batch_size: int = 0
+    inputs: list[IOSpec] = []
+    outputs: list[IOSpec] = []
+    config_json: str = ""          # ModelConfig as Triton's JSON, pre-rendered once
+    decoupled: bool = False
+
+
+class IndexEntry(_Msg):
+    name: str
+    version: str = ""
+    state: str = ""
+    reason: str = ""
+
+
+class Index(_Msg):
+    ctl_id: int
+    entries: list[IndexEntry]
+
+
+class ControlDone(_Msg):
+    ctl_id: int
+    error: ErrorRecord | None = None
+
+
+class RepositoryChanged(_Msg):
+    models: list[str]              # names whose state or config changed; empty: all
+    server_ready: bool = False     # the scheduler's readiness (initial load done, strict rules)
+
+
+# ---------------------------------------------------------------- scheduler <-> worker
+class LoadModel(_Msg):
+    model: str
+    version: int
+    model_dir: str
+    config: bytes                  # serialized inference.ModelConfig
+    instance_name: str
+    kind: str = "KIND_CPU"
+    device_id: int = 0
+    autocomplete: bool = True
+
+
+class BatchItem(_Msg):
+    reply_to: str
+    req_id: int
+    inputs: list[TensorRef]
+    outputs: list[str] = []
+    parameters: dict[str, Any] = {}
+    batch_size: int = 1
+
+
+class ExecuteBatch(_Msg):
+    batch_id: int
+    items: list[BatchItem]
+
+
+class ReleaseOutputs(_Msg):
+    blocks: list[tuple[str, int]]
+
+
+class Shutdown(_Msg):
+    reason: str = ""
+
+
+class WorkerReady(_Msg):
+    worker_id: str
+    pid: int
+
+
+class ModelLoaded(_Msg):
+    worker_id: str
+    error: ErrorRecord | None = None
+    config: bytes = b""            # the completed ModelConfig (auto-complete runs in the worker)
+
+
+class BatchDone(_Msg):
+    batch_id: int
+    worker_id: str
+    compute_input_ns: int = 0
+    compute_infer_ns: int = 0
+    compute_output_ns: int = 0
+    failed: int = 0                # requests of the batch that got an error
+
+
+# ---------------------------------------------------------------- encoding
+_KIND_OF: dict[type, Kind] = {
+    FrontendHello: Kind.FRONTEND_HELLO,
+    InferRequest: Kind.INFER_REQUEST,
+    ReleaseBlocks: Kind.RELEASE_BLOCKS,
+    GetModelInfo: Kind.GET_MODEL_INFO,
+    GetIndex: Kind.GET_INDEX,
+    LoadModelRequest: Kind.LOAD_MODEL_REQUEST,
+    UnloadModelRequest: Kind.UNLOAD_MODEL_REQUEST,
+    InferResult: Kind.INFER_RESULT,
+    ModelInfo: Kind.MODEL_INFO,
+    Index: Kind.INDEX,
+    ControlDone: Kind.CONTROL_DONE,
+    RepositoryChanged: Kind.REPOSITORY_CHANGED,
+    LoadModel: Kind.LOAD_MODEL,
+    ExecuteBatch: Kind.EXECUTE_BATCH,
+    Shutdown: Kind.SHUTDOWN,
+    WorkerReady: Kind.WORKER_READY,
+    ModelLoaded: Kind.MODEL_LOADED,
+    BatchDone: Kind.BATCH_DONE,
+}
+# ReleaseOutputs shares the RELEASE_BLOCKS kind byte on the scheduler -> worker leg.
+_KIND_BYTES = {cls: bytes([k]) for cls, k in _KIND_OF.items()}
+_KIND_BYTES[ReleaseOutputs] = bytes([Kind.RELEASE_BLOCKS])
+
+_encoder = msgspec.msgpack.Encoder()
+_DECODERS = {k: msgspec.msgpack.Decoder(cls) for cls, k in _KIND_OF.items()}
+_WORKER_DECODERS = dict(_DECODERS)
+_WORKER_DECODERS[Kind.RELEASE_BLOCKS] = msgspec.msgpack.Decoder(ReleaseOutputs)
+
+
+class DecodeError(Exception):
+    pass
+
+
+def encode(msg: _Msg, frames: Sequence[Any] = ()) -> list[Any]:
+    """The multipart for ``msg`` followed by its tensor frames."""
+    return [_KIND_BYTES[type(msg)], _encoder.encode(msg), *frames]
+
+
+def decode(parts: Sequence[Any], *, for_worker: bool = False) -> tuple[_Msg, list[Any]]:
+    """(message, tensor frames) from a received multipart (bytes or zmq.Frame parts)."""
+    if len(parts) < 2:
+        raise DecodeError(f"multipart of {len(parts)} part(s) is not a message")
+    kind_b, header = parts[0], parts[1]
+    kind_b = kind_b if isinstance(kind_b, bytes) else kind_b.bytes
+    header = header if isinstance(header, (bytes, memoryview)) else header.buffer
+    decoders = _WORKER_DECODERS if for_worker else _DECODERS
+    dec = decoders.get(kind_b[0]) if kind_b else None
+    if dec is None:
+        raise DecodeError(f"unknown message kind {kind_b!r}")
+    try:
+        return dec.decode(header), list(parts[2:])
+    except msgspec.DecodeError as e:
+        raise DecodeError(f"malformed {Kind(kind_b[0]).name}: {e}") from e

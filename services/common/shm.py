@@ -1,0 +1,359 @@
+"""POSIX shared-memory arenas for tensor bytes, and the map of other processes' segments.
+
+Not multiprocessing.shared_memory: on 3.11 its resource_tracker unlinks segments a process
+merely attached to. Segments live at /dev/shm/trireme-{pid}-{role}-{n}; the owner pid in the
+name lets a supervisor unlink a dead process's segments and start-up sweep stale ones.
+
+Caveat: pids are only unique inside one pid namespace. Processes that share /dev/shm but not
+a pid namespace (containers sharing only IPC) must not run sweep_stale() against each other.
+"""
+
+from __future__ import annotations
+
+import bisect
+import errno
+import itertools
+import mmap
+import os
+import re
+import threading
+import weakref
+from typing import NamedTuple
+
+from services.common.errors import internal
+
+SHM_DIR = "/dev/shm"
+PREFIX = "trireme-"
+ALIGN = 64  # cache line; also enough for any numpy dtype and for DLPack consumers
+_PAGE = mmap.PAGESIZE
+_NAME_RE = re.compile(r"^trireme-(\d+)-[A-Za-z0-9_.]+-\d+$")
+_counter = itertools.count()  # per process, so two arenas of one role never collide
+
+
+class ShmUnavailable(Exception):
+    """No shared memory can be had; the caller falls back to sending bytes inline."""
+
+
+class Block(NamedTuple):
+    segment: str
+    offset: int
+    nbytes: int
+    view: memoryview  # writable, exactly nbytes long
+
+
+def _round_up(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+def _path(name: str) -> str:
+    return os.path.join(SHM_DIR, name)
+
+
+class _Segment:
+    """One mapped file and its first-fit free list (sorted offsets, coalesced on free)."""
+
+    def __init__(self, name: str, size: int, mm: mmap.mmap) -> None:
+        self.name = name
+        self.size = size
+        self.mm = mm
+        self.whole = memoryview(mm)
+        self.free_offs: list[int] = [0]
+        self.free_sizes: list[int] = [size]
+        self.used: dict[int, int] = {}  # offset -> aligned size
+
+    def alloc(self, size: int) -> int | None:
+        for i, avail in enumerate(self.free_sizes):
+            if avail >= size:
+                off = self.free_offs[i]
+                if avail == size:
+                    del self.free_offs[i], self.free_sizes[i]
+                else:
+                    self.free_offs[i] = off + size
+                    self.free_sizes[i] = avail - size
+                self.used[off] = size
+                return off
+        return None
+
+    def free(self, off: int) -> None:
+        size = self.used.pop(off)  # KeyError: unknown block or double free
+        offs, sizes = self.free_offs, self.free_sizes
+        i = bisect.bisect_left(offs, off)
+        if i > 0 and offs[i - 1] + sizes[i - 1] == off:  # merge into the previous hole
+            i -= 1
+            sizes[i] += size
+        else:
+            offs.insert(i, off)
+            sizes.insert(i, size)
+        if i + 1 < len(offs) and offs[i] + sizes[i] == offs[i + 1]:  # and the next one
+            sizes[i] += sizes[i + 1]
+            del offs[i + 1], sizes[i + 1]
+
+    def unmap(self) -> None:
+        try:
+            self.whole.release()
+            self.mm.close()
+        except BufferError:
+            pass  # a caller still holds a block view; the mapping goes when it is collected
+
+
+def _create_segment(name: str, size: int) -> mmap.mmap:
+    path = _path(name)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    except FileExistsError:
+        raise
+    except OSError as e:
+        raise ShmUnavailable(f"cannot create shared memory {path}: {e.strerror}") from e
+    try:
+        try:
+            # Reserve the pages now: a full tmpfs fails here with ENOSPC, not later as SIGBUS.
+            os.posix_fallocate(fd, 0, size)
+        except OSError as e:
+            if e.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+            os.ftruncate(fd, size)  # filesystem without fallocate: best effort
+        return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    except OSError as e:
+        _unlink(name)
+        hint = " (is /dev/shm full? raise the container's --shm-size)" \
+            if e.errno == errno.ENOSPC else ""
+        raise ShmUnavailable(f"cannot allocate {size} bytes of shared memory {path}: "
+                             f"{e.strerror}{hint}") from e
+    finally:
+        os.close(fd)  # mmap keeps its own reference to the file
+
+
+def _unlink(name: str) -> bool:
+    try:
+        os.unlink(_path(name))
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def _release(segments: dict[str, _Segment], owner_pid: int) -> None:
+    # Also the weakref finalizer: must not reference the Arena itself.
+    for seg in list(segments.values()):
+        seg.unmap()
+        if os.getpid() == owner_pid:  # a forked child must not unlink its parent's memory
+            _unlink(seg.name)
+    segments.clear()
+
+
+class Arena:
+    """Shared memory owned by this process, handed out as 64-byte-aligned blocks.
+
+    Segments are created lazily (the first on the first alloc) up to max_bytes in total.
+    Thread-safe. close() unmaps and unlinks everything; it also runs at interpreter exit.
+    """
+
+    def __init__(self, role: str, segment_size: int = 64 << 20, max_bytes: int = 1 << 30
+                 ) -> None:
+        if not re.fullmatch(r"[A-Za-z0-9_.]+", role):
+            raise ValueError(f"arena role must be alphanumeric, got {role!r}")
+        self.role = role
+        self.segment_size = _round_up(max(segment_size, _PAGE), _PAGE)
+        self.max_bytes = max_bytes
+        self._pid = os.getpid()
+        self._segs: dict[str, _Segment] = {}
+        self._mapped = 0
+        self._used = 0
+        self._lock = threading.Lock()
+        self._closed = False
+        self._finalizer = weakref.finalize(self, _release, self._segs, self._pid)
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes held by live blocks (each rounded up to the alignment)."""
+        return self._used
+
+    @property
+    def mapped_bytes(self) -> int:
+        return self._mapped
+
+    @property
+    def segments(self) -> list[str]:
+        return list(self._segs)
+
+    def alloc(self, nbytes: int) -> Block:
+        if nbytes < 0:
+            raise ValueError(f"cannot allocate {nbytes} bytes")
+        size = _round_up(max(nbytes, 1), ALIGN)
+        with self._lock:
+            if self._closed:
+                raise ShmUnavailable(f"arena '{self.role}' is closed")
+            for seg in self._segs.values():
+                off = seg.alloc(size)
+                if off is not None:
+                    break
+            else:
+                seg = self._grow(size)
+                off = seg.alloc(size)
+                assert off is not None
+            self._used += size
+        return Block(seg.name, off, nbytes, seg.whole[off:off + nbytes])
+
+    def free(self, segment: str, offset: int) -> None:
+        """Return a block. KeyError for an unknown block or a double free."""
+        with self._lock:
+            if self._closed:
+                return  # everything went with close(); late frees at shutdown are fine
+            seg = self._segs.get(segment)
+            if seg is None:
+                raise KeyError(f"segment {segment!r} does not belong to this arena")
+            size = seg.used.get(offset)
+            if size is None:
+                raise KeyError(f"no live block at {segment}+{offset} (double free?)")
+            seg.free(offset)
+            self._used -= size
+
+    def close(self) -> None:
+        """Unmap and unlink every segment. Idempotent."""
+        with self._lock:
+            self._closed = True
+            self._mapped = self._used = 0
+            self._finalizer()
+
+    def __enter__(self) -> Arena:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _grow(self, size: int) -> _Segment:
+        left = self.max_bytes - self._mapped
+        want = _round_up(size, _PAGE)
+        if want > left:
+            raise ShmUnavailable(
+                f"arena '{self.role}' is full: {size} more bytes would exceed its limit of "
+                f"{self.max_bytes} bytes ({self._used} in use)")
+        seg_size = min(max(self.segment_size, want), left // _PAGE * _PAGE)
+        while True:
+            name = f"{PREFIX}{self._pid}-{self.role}-{next(_counter)}"
+            try:
+                mm = _create_segment(name, seg_size)
+                break
+            except FileExistsError:
+                continue  # left by an earlier process with our pid: never touch it
+        seg = _Segment(name, seg_size, mm)
+        self._segs[name] = seg
+        self._mapped += seg_size
+        return seg
+
+
+class SegmentMap:
+    """Other processes' segments, mapped by name on first use and cached."""
+
+    def __init__(self, writable: bool = False) -> None:
+        self._writable = writable
+        self._maps: dict[str, tuple[mmap.mmap, memoryview]] = {}
+        self._lock = threading.Lock()
+
+    def view(self, segment: str, offset: int, nbytes: int) -> memoryview:
+        entry = self._maps.get(segment)
+        if entry is None:
+            entry = self._attach(segment)
+        whole = entry[1]
+        if offset < 0 or nbytes < 0 or offset + nbytes > len(whole):
+            raise internal(f"block {segment}+{offset}:{nbytes} lies outside the "
+                           f"{len(whole)}-byte segment")
+        return whole[offset:offset + nbytes]
+
+    def forget(self, segment: str) -> None:
+        """Drop a mapping (its owner freed or died); views already handed out stay valid."""
+        with self._lock:
+            entry = self._maps.pop(segment, None)
+        if entry is not None:
+            self._unmap(entry)
+
+    def close(self) -> None:
+        with self._lock:
+            entries = list(self._maps.values())
+            self._maps.clear()
+        for entry in entries:
+            self._unmap(entry)
+
+    def __contains__(self, segment: str) -> bool:
+        return segment in self._maps
+
+    def _attach(self, segment: str) -> tuple[mmap.mmap, memoryview]:
+        if not _NAME_RE.match(segment):  # names arrive in messages: no paths, no strangers
+            raise internal(f"invalid shared memory segment name {segment!r}")
+        with self._lock:
+            entry = self._maps.get(segment)
+            if entry is not None:
+                return entry
+            flags, prot = (os.O_RDWR, mmap.PROT_READ | mmap.PROT_WRITE) if self._writable \
+                else (os.O_RDONLY, mmap.PROT_READ)
+            try:
+                fd = os.open(_path(segment), flags)
+            except OSError as e:
+                raise internal(f"cannot open shared memory segment {segment!r}: "
+                               f"{e.strerror}") from e
+            try:
+                size = os.fstat(fd).st_size
+                mm = mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
+            except (OSError, ValueError) as e:
+                raise internal(f"cannot map shared memory segment {segment!r}: {e}") from e
+            finally:
+                os.close(fd)
+            entry = (mm, memoryview(mm))
+            self._maps[segment] = entry
+            return entry
+
+    @staticmethod
+    def _unmap(entry: tuple[mmap.mmap, memoryview]) -> None:
+        mm, whole = entry
+        try:
+            whole.release()
+            mm.close()
+        except BufferError:
+            pass  # someone still reads a view; the mapping goes when it is collected
+
+
+def _owner_pid(name: str) -> int | None:
+    m = _NAME_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def _listdir() -> list[str]:
+    try:
+        return os.listdir(SHM_DIR)
+    except OSError:
+        return []
+
+
+def unlink_segments_of(pid: int) -> list[str]:
+    """Unlink every segment owned by `pid` (a dead child); returns the names removed."""
+    return [name for name in _listdir()
+            if _owner_pid(name) == pid and _unlink(name)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, belongs to another user
+    return True
+
+
+def sweep_stale() -> list[str]:
+    """Unlink segments whose owner process no longer exists; returns the names removed."""
+    me = os.getpid()
+    removed = []
+    for name in _listdir():
+        pid = _owner_pid(name)
+        if pid is not None and pid != me and not _alive(pid) and _unlink(name):
+            removed.append(name)
+    return removed
+
+
+def shm_available(min_bytes: int) -> bool:
+    """Whether /dev/shm exists and has at least min_bytes free."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize >= min_bytes

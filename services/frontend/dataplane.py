@@ -1,0 +1,267 @@
+"""The transport-agnostic core of a frontend; the HTTP and gRPC adapters only call this.
+
+    adapter ─CoreRequest─▶ DataPlane.infer ─validate─▶ inputs → frames | shared memory
+           ─InferRequest─▶ scheduler ─▶ worker ─InferResult─▶ (result socket) ─▶ CoreResponse
+
+Model metadata is cached per model and dropped when the scheduler broadcasts a change, so
+validation costs no round trip. Input blocks are freed when the result arrives; output
+blocks go back to their worker when the adapter calls release().
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import os
+from typing import Any
+
+import zmq
+
+from services.common import messages as m
+from services.common import transport
+from services.common.errors import Code, TriremeError
+from services.common.shm import Arena, SegmentMap, ShmUnavailable
+from services.frontend.settings import FrontendSettings
+from services.frontend.types import CoreRequest, CoreResponse, OutputTensor
+from services.frontend.validation import resolve_version, validate_infer
+
+log = logging.getLogger("trireme.frontend")
+
+# Triton's extension list, in Triton's order, restricted to what is implemented.
+EXTENSIONS = ["model_repository", "model_configuration", "binary_tensor_data", "parameters"]
+
+
+def _error(rec: m.ErrorRecord) -> TriremeError:
+    return TriremeError(rec.code, rec.message)
+
+
+class DataPlane:
+    def __init__(self, settings: FrontendSettings) -> None:
+        self.settings = settings
+        self.pid = os.getpid()
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future] = {}
+        self._models: dict[str, m.ModelInfo] = {}
+        self._configs: dict[str, dict] = {}
+        self._info_waiters: dict[str, asyncio.Future] = {}
+        self._generation = 0
+        self._scheduler_ready = False
+        self._arena: Arena | None = Arena("in") if settings.use_shm else None
+        self._segments = SegmentMap()
+        self.result_addr = settings.result_addr
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._sched = transport.socket(zmq.DEALER)
+        self._sched.connect(self.settings.scheduler_addr)
+        self._results = transport.socket(zmq.PULL)
+        self._results.bind(self.result_addr)
+        self._sched_reader = transport.Reader(self._sched, self._on_message, loop)
+        self._results_reader = transport.Reader(self._results, self._on_message, loop)
+        self._send(m.FrontendHello(self.pid))
+
+    def close(self) -> None:
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(TriremeError(Code.UNAVAILABLE, "server is shutting down"))
+        self._sched_reader.close()
+        self._results_reader.close()
+        transport.remove_ipc(self.result_addr)
+        self._segments.close()
+        if self._arena is not None:
+            self._arena.close()
+
+    def _send(self, msg: Any, frames: list[Any] = ()) -> None:
+        self._sched.send_multipart(m.encode(msg, frames), copy=False)
+        self._sched_reader.kick()
+
+    def _on_message(self, parts: list[Any]) -> None:
+        msg, frames = m.decode(parts)
+        if isinstance(msg, m.InferResult):
+            fut = self._pending.pop(msg.req_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result((msg, frames))
+            elif msg.outputs:   # nobody waits (client gone): hand the blocks straight back
+                self._release_refs(msg.outputs)
+        elif isinstance(msg, (m.ModelInfo, m.Index, m.ControlDone)):
+            fut = self._pending.pop(msg.ctl_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+        elif isinstance(msg, m.RepositoryChanged):
+            self._generation += 1
+            self._scheduler_ready = msg.server_ready
+            if msg.models:
+                for name in msg.models:
+                    self._models.pop(name, None)
+                    self._configs.pop(name, None)
+            else:
+                self._models.clear()
+                self._configs.clear()
+
+    async def _call(self, msg: Any) -> Any:
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[msg.ctl_id] = fut
+        self._send(msg)
+        return await fut
+
+    # ------------------------------------------------------------------ metadata
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        return self._scheduler_ready
+
+    def server_metadata(self) -> dict:
+        return {"name": self.settings.server_name, "version": self.settings.server_version,
+                "extensions": EXTENSIONS}
+
+    async def _info(self, model: str) -> m.ModelInfo:
+        info = self._models.get(model)
+        if info is not None:
+            return info
+        waiter = self._info_waiters.get(model)
+        if waiter is not None:
+            return await asyncio.shield(waiter)
+        gen = self._generation
+        waiter = self._info_waiters[model] = asyncio.get_running_loop().create_future()
+        try:
+            info = await self._call(m.GetModelInfo(next(self._ids), model))
+            waiter.set_result(info)
+        except BaseException as e:
+            waiter.set_exception(e)
+            raise
+        finally:
+            del self._info_waiters[model]
+        if gen == self._generation:   # no change raced with the fetch
+            self._models[model] = info
+        return info
+
+    async def _ready_info(self, model: str, version: str) -> tuple[m.ModelInfo, int]:
+        info = await self._info(model)
+        if info.error is not None:
+            raise _error(info.error)
+        return info, resolve_version(info, version)
+
+    async def model_metadata(self, model: str, version: str) -> dict:
+        info, _ = await self._ready_info(model, version)
+        return {
+            "name": info.name,
+            "versions": [str(v) for v, s in sorted(info.versions.items()) if s == "READY"],
+            "platform": info.platform,
+            "inputs": [{"name": i.name, "datatype": i.datatype, "shape": i.shape} for i in info.inputs],
+            "outputs": [{"name": o.name, "datatype": o.datatype, "shape": o.shape} for o in info.outputs],
+        }
+
+    async def model_ready(self, model: str, version: str) -> bool:
+        try:
+            await self._ready_info(model, version)
+        except TriremeError:
+            return False
+        return True
+
+    async def model_config(self, model: str, version: str) -> dict:
+        info, _ = await self._ready_info(model, version)
+        cfg = self._configs.get(model)
+        if cfg is None:
+            cfg = self._configs[model] = json.loads(info.config_json)
+        return cfg
+
+    async def repository_index(self, ready_only: bool) -> list[dict]:
+        idx: m.Index = await self._call(m.GetIndex(next(self._ids), ready_only))
+        out = []
+        for e in idx.entries:
+            d = {"name": e.name}
+            for k in ("version", "state", "reason"):
+                if getattr(e, k):
+                    d[k] = getattr(e, k)
+            out.append(d)
+        return out
+
+    async def load_model(self, model: str, parameters: dict) -> None:
+        cfg = parameters.get("config", "")
+        if cfg and not isinstance(cfg, str):
+            raise TriremeError(Code.INVALID_ARG, "'config' parameter must be a string")
+        files = {k: bytes(v) for k, v in parameters.items() if k.startswith("file:")}
+        if files and not cfg:
+            raise TriremeError(Code.INVALID_ARG, "failed to load '" + model + "', failed to parse "
+                               "'file:' parameters: model configuration must be provided when "
+                               "model files are provided")
+        done = await self._call(m.LoadModelRequest(next(self._ids), model, cfg or "", files))
+        if done.error is not None:
+            raise _error(done.error)
+
+    async def unload_model(self, model: str, parameters: dict) -> None:
+        done = await self._call(m.UnloadModelRequest(
+            next(self._ids), model, bool(parameters.get("unload_dependents", False))))
+        if done.error is not None:
+            raise _error(done.error)
+
+    # ------------------------------------------------------------------ inference
+    async def infer(self, req: CoreRequest) -> CoreResponse:
+        info, version = await self._ready_info(req.model, req.version)
+        batch_size = validate_infer(info, req)
+        refs: list[m.TensorRef] = []
+        frames: list[Any] = []
+        blocks: list[Any] = []
+        req_id = next(self._ids)
+        try:
+            for t in req.inputs:
+                if t.data is None:
+                    region = t.parameters.get("shared_memory_region", "")
+                    raise TriremeError(Code.INVALID_ARG,
+                                       f"Unable to find system shared memory region: '{region}'")
+                nbytes = len(t.data) if not isinstance(t.data, memoryview) else t.data.nbytes
+                ref = m.TensorRef(t.name, t.datatype, list(t.shape), nbytes)
+                if nbytes >= self.settings.inline_threshold and self._arena is not None:
+                    try:
+                        block = self._arena.alloc(nbytes)
+                        block.view[:] = t.data
+                        blocks.append(block)
+                        ref.segment, ref.offset = block.segment, block.offset
+                    except ShmUnavailable as e:
+                        log.warning("input arena unavailable, sending tensors inline: %s", e)
+                        self._arena = None
+                if not ref.segment:
+                    ref.frame = len(frames)
+                    frames.append(t.data)
+                refs.append(ref)
+            outputs = [o.name for o in req.outputs] if req.outputs else []
+            msg = m.InferRequest(req_id, self.result_addr, req.model, version, refs, outputs,
+                                 req.parameters, batch_size)
+            fut = asyncio.get_running_loop().create_future()
+            self._pending[req_id] = fut
+            self._send(msg, frames)
+            result, rframes = await fut
+        finally:
+            self._pending.pop(req_id, None)
+            for b in blocks:
+                self._arena.free(b.segment, b.offset) if self._arena else None
+        if result.error is not None:
+            raise _error(result.error)
+        resp = CoreResponse(req.model, str(version), req.id, parameters=result.parameters, keep=rframes)
+        for ref in result.outputs:
+            if ref.frame >= 0:
+                data = rframes[ref.frame].buffer
+            else:
+                data = self._segments.view(ref.segment, ref.offset, ref.nbytes)
+                resp.blocks.append((ref.segment, ref.offset))
+            resp.outputs.append(OutputTensor(ref.name, ref.datatype, ref.shape, data))
+        return resp
+
+    def release(self, resp: CoreResponse) -> None:
+        if resp.blocks:
+            self._release_blocks(resp.blocks)
+            resp.blocks = []
+        resp.keep = None
+
+    def _release_refs(self, refs: list[m.TensorRef]) -> None:
+        self._release_blocks([(r.segment, r.offset) for r in refs if r.segment])
+
+    def _release_blocks(self, blocks: list[tuple[str, int]]) -> None:
+        by_owner: dict[int, list[tuple[str, int]]] = {}
+        for seg, off in blocks:   # names are trireme-<owner pid>-<role>-<n>
+            by_owner.setdefault(int(seg.split("-")[1]), []).append((seg, off))
+        for owner, owned in by_owner.items():
+            self._send(m.ReleaseBlocks(owner, owned))

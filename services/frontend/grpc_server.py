@@ -1,0 +1,282 @@
+"""gRPC adapter (grpc.aio): inference.GRPCInferenceService and grpc.health.v1.Health/Check.
+
+A thin layer: each RPC converts its message with `grpc_codec`, calls one method of the
+transport-agnostic data plane `dp`, and converts the answer back. TriremeError codes become
+gRPC status codes in exactly one table (`_STATUS`).
+
+ModelInfer and ModelStreamInfer bypass protobuf for tensor bytes: requests are split by
+`grpc_codec.decode_infer_request` (raw inputs stay views into the received buffer) and
+responses are pre-serialized bytes (`encode_infer_response`), so their serializers here are
+the identity.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from protos import grpc_service_pb2 as pb
+from services.common.errors import Code, TriremeError
+
+from . import grpc_codec as codec
+from .settings import FrontendSettings
+
+log = logging.getLogger(__name__)
+
+__all__ = ["start_grpc", "GrpcService", "grpc_status", "MAX_GRPC_MESSAGE_SIZE"]
+
+SERVICE_NAME = "inference.GRPCInferenceService"
+HEALTH_SERVICE_NAME = "grpc.health.v1.Health"
+MAX_GRPC_MESSAGE_SIZE = 2**31 - 1   # INT32_MAX, Triton's MAX_GRPC_MESSAGE_SIZE
+STREAM_WINDOW = 128                 # requests in flight per ModelStreamInfer stream
+
+# The one Code -> grpc.StatusCode table (reference/protocol.md, "Errors").
+_STATUS: dict[Code, grpc.StatusCode] = {
+    Code.INTERNAL: grpc.StatusCode.INTERNAL,
+    Code.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Code.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    Code.UNSUPPORTED: grpc.StatusCode.UNIMPLEMENTED,
+    Code.INVALID_ARG: grpc.StatusCode.INVALID_ARGUMENT,
+    Code.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
+    Code.CANCELLED: grpc.StatusCode.CANCELLED,
+    Code.UNKNOWN: grpc.StatusCode.UNKNOWN,
+}
+
+# grpc.health.v1.HealthCheckResponse{ServingStatus status = 1}, hand-encoded.
+_HEALTH_SERVING = b"\x08\x01"
+_HEALTH_NOT_SERVING = b"\x08\x02"
+_HEALTH_UNKNOWN = b""
+
+
+def grpc_status(code: Code) -> grpc.StatusCode:
+    return _STATUS.get(code, grpc.StatusCode.UNKNOWN)
+
+
+def _as_error(exc: Exception, what: str) -> TriremeError:
+    if isinstance(exc, TriremeError):
+        return exc
+    log.exception("unexpected error in gRPC %s", what)
+    return TriremeError(Code.INTERNAL, f"unexpected error in {what}: {exc}")
+
+
+Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
+
+
+def _guard(name: str, fn: Handler) -> Handler:
+    """Run a unary handler; a raised error ends the RPC with its mapped status."""
+    @functools.wraps(fn)
+    async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await fn(request, context)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every error leaves as a status
+            err = _as_error(exc, name)
+        await context.abort(grpc_status(err.code), err.message)
+    return handler
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+class GrpcService:
+    """One coroutine per RPC of inference.GRPCInferenceService, over the data plane `dp`."""
+
+    def __init__(self, dp: Any) -> None:
+        self._dp = dp
+
+    # -- health and metadata --------------------------------------------------------------
+    async def ServerLive(self, request: pb.ServerLiveRequest, context) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self._dp.live())
+
+    async def ServerReady(self, request: pb.ServerReadyRequest,
+                          context) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self._dp.ready())
+
+    async def ModelReady(self, request: pb.ModelReadyRequest,
+                         context) -> pb.ModelReadyResponse:
+        ready = await self._dp.model_ready(request.name, request.version)
+        return pb.ModelReadyResponse(ready=ready)
+
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest,
+                             context) -> pb.ServerMetadataResponse:
+        return codec.server_metadata_to_proto(self._dp.server_metadata())
+
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest,
+                            context) -> pb.ModelMetadataResponse:
+        md = await self._dp.model_metadata(request.name, request.version)
+        return codec.model_metadata_to_proto(md)
+
+    async def ModelConfig(self, request: pb.ModelConfigRequest,
+                          context) -> pb.ModelConfigResponse:
+        config = await self._dp.model_config(request.name, request.version)
+        return codec.model_config_to_proto(config)
+
+    # -- model repository -----------------------------------------------------------------
+    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest,
+                              context) -> pb.RepositoryIndexResponse:
+        if request.repository_name:
+            raise TriremeError(Code.UNSUPPORTED,
+                               "'repository_name' specification is not supported")
+        items = await self._dp.repository_index(request.ready)
+        return codec.repository_index_to_proto(items)
+
+    async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest,
+                                  context) -> pb.RepositoryModelLoadResponse:
+        params = codec.load_parameters(request)
+        await self._dp.load_model(request.model_name, params)
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest,
+                                    context) -> pb.RepositoryModelUnloadResponse:
+        params = codec.unload_parameters(request)
+        await self._dp.unload_model(request.model_name, params)
+        return pb.RepositoryModelUnloadResponse()
+
+    # -- inference ------------------------------------------------------------------------
+    async def ModelInfer(self, request: tuple[pb.ModelInferRequest, list[memoryview]],
+                         context) -> bytes:
+        msg, raw = request
+        core = codec.request_from_proto(msg, raw)
+        resp = await self._dp.infer(core)
+        try:
+            if not resp.id:
+                resp.id = core.id
+            return codec.encode_infer_response(resp)
+        finally:
+            self._dp.release(resp)
+
+    async def _stream_one(self, request: tuple[pb.ModelInferRequest, list[memoryview]]) -> bytes:
+        """One stream request -> serialized ModelStreamInferResponse; errors become an
+        error_message (with the request id) and never end the stream."""
+        msg, raw = request
+        try:
+            core = codec.request_from_proto(msg, raw)
+            resp = await self._dp.infer(core)
+        except Exception as exc:  # noqa: BLE001
+            return codec.encode_stream_error(_as_error(exc, "ModelStreamInfer").message, msg.id)
+        try:
+            if not resp.id:
+                resp.id = core.id
+            return codec.encode_stream_response(resp)
+        except Exception as exc:  # noqa: BLE001
+            return codec.encode_stream_error(_as_error(exc, "ModelStreamInfer").message, msg.id)
+        finally:
+            self._dp.release(resp)
+
+    async def ModelStreamInfer(self, request_iterator: AsyncIterator[Any],
+                               context) -> AsyncIterator[bytes]:
+        """Requests run concurrently (at most STREAM_WINDOW in flight); responses are
+        written in request order, as Triton does for non-decoupled models.
+
+        1. a reader task turns each incoming request into an inference task, queued in
+           arrival order; 2. this generator awaits the queue head and writes its response;
+        3. on client cancel or stream error, every queued task is cancelled.
+        """
+        window = asyncio.Semaphore(STREAM_WINDOW)
+        queue: asyncio.Queue[asyncio.Future[bytes] | None] = asyncio.Queue()
+
+        async def read() -> None:
+            try:
+                async for request in request_iterator:
+                    await window.acquire()
+                    queue.put_nowait(asyncio.ensure_future(self._stream_one(request)))
+            finally:
+                queue.put_nowait(None)  # end of requests (also on a read error)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (task := await queue.get()) is not None:
+                response = await task
+                window.release()
+                yield response
+            await reader  # re-raise a read error as the stream's status
+        finally:
+            reader.cancel()
+            while not queue.empty():
+                task = queue.get_nowait()
+                if task is not None:
+                    task.cancel()
+
+    # -- not implemented yet ----------------------------------------------------------------
+    def unimplemented(self, name: str) -> Handler:
+        async def handler(request: Any, context) -> Any:
+            raise TriremeError(Code.UNSUPPORTED, f"'{name}' is not implemented")
+        return handler
+
+
+def _service_handlers(service: GrpcService) -> dict[str, grpc.RpcMethodHandler]:
+    """Method handlers for every RPC that protos/grpc_service.proto declares."""
+    handlers: dict[str, grpc.RpcMethodHandler] = {}
+    for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
+        name = method.name
+        if name == "ModelInfer":
+            handlers[name] = grpc.unary_unary_rpc_method_handler(
+                _guard(name, service.ModelInfer),
+                request_deserializer=codec.decode_infer_request,
+                response_serializer=_identity)
+        elif name == "ModelStreamInfer":
+            handlers[name] = grpc.stream_stream_rpc_method_handler(
+                service.ModelStreamInfer,
+                request_deserializer=codec.decode_infer_request,
+                response_serializer=_identity)
+        else:
+            impl = getattr(service, name, None) or service.unimplemented(name)
+            handlers[name] = grpc.unary_unary_rpc_method_handler(
+                _guard(name, impl),
+                request_deserializer=getattr(pb, method.input_type.name).FromString,
+                response_serializer=getattr(pb, method.output_type.name).SerializeToString)
+    return handlers
+
+
+def _health_handlers(dp: Any) -> dict[str, grpc.RpcMethodHandler]:
+    """grpc.health.v1.Health/Check: SERVING when the server is ready (as Triton)."""
+    async def check(request: bytes, context) -> bytes:
+        try:
+            return _HEALTH_SERVING if dp.ready() else _HEALTH_NOT_SERVING
+        except Exception:  # noqa: BLE001
+            log.exception("health check failed")
+            return _HEALTH_UNKNOWN
+    return {"Check": grpc.unary_unary_rpc_method_handler(check)}  # bytes in, bytes out
+
+
+def _address(host: str, port: int) -> str:
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # IPv6 literal
+    return f"{host}:{port}"
+
+
+async def start_grpc(dp: Any, settings: FrontendSettings) -> grpc.aio.Server:
+    """Start the gRPC server on {host}:{grpc_port} and return it (stop with `.stop(grace)`).
+
+    SO_REUSEPORT stays on so that several frontend processes share the port. The bound
+    port (useful with grpc_port=0) is available as `server.trireme_port`.
+    """
+    server = grpc.aio.server(options=[
+        ("grpc.so_reuseport", 1),
+        ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+    ])
+    service_handlers = _service_handlers(GrpcService(dp))
+    health_handlers = _health_handlers(dp)
+    server.add_generic_rpc_handlers((
+        grpc.method_handlers_generic_handler(SERVICE_NAME, service_handlers),
+        grpc.method_handlers_generic_handler(HEALTH_SERVICE_NAME, health_handlers),
+    ))
+    server.add_registered_method_handlers(SERVICE_NAME, service_handlers)
+    address = _address(settings.host, settings.grpc_port)
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError as e:
+        raise TriremeError(Code.UNAVAILABLE, f"Socket '{address}' already in use ({e})") from e
+    if port == 0:
+        raise TriremeError(Code.UNAVAILABLE, f"Socket '{address}' already in use")
+    await server.start()
+    server.trireme_port = port  # type: ignore[attr-defined]
+    log.info("Started GRPCInferenceService at %s", _address(settings.host, port))
+    return server

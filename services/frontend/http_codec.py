@@ -1,0 +1,418 @@
+"""HTTP body codec: KServe v2 JSON and binary-tensor bodies <-> CoreRequest / CoreResponse.
+
+Pure functions on bytes, no aiohttp, so every rule here is unit-tested without a server.
+Behaviour and error texts follow Triton's src/http_server.cc (ParseJsonTritonIO,
+ParseJsonTritonParams, EVBufferToRawInput, FinalizeResponse, CompressionTypeUsed,
+HandleRepositoryControl) and core's raw-input deduction (InferenceRequest::Normalize).
+Deliberate differences are marked "Differs from Triton".
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import functools
+import math
+import re
+import struct
+import zlib
+from typing import Any
+
+import msgspec
+
+from ..common.datatypes import buffer_to_json, config_to_api, element_size, json_to_buffer
+from ..common.errors import TriremeError, internal, invalid_arg
+from .types import CoreRequest, CoreResponse, InputTensor, RequestedOutput
+
+__all__ = [
+    "decode_json", "parse_header_length", "decode_infer_request", "decode_raw_request",
+    "encode_infer_response", "response_encoding", "compress", "decode_index_request",
+    "decode_load_request", "decode_unload_request", "encode_json", "error_body",
+    "size_limit_message",
+]
+
+encode_json = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
+_U32 = struct.Struct("<I")
+_MSGSPEC_ERROR = re.compile(r"^(?:JSON is malformed: )?(.*?)(?: \(byte (\d+)\))?$")
+_SHM_KEYS = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
+
+
+def error_body(message: str) -> bytes:
+    """Triton's error body: {"error": "<message>"}."""
+    return encode_json({"error": message})
+
+
+def size_limit_message(kind: str, size: int | None, limit: int) -> str:
+    """Text for a body over --http-max-input-size (Triton: "Request JSON size of N bytes
+    exceeds the maximum allowed value of M bytes. Use --http-max-input-size to increase
+    the limit."). `size` None: the body was streamed and reading stopped at the limit."""
+    got = f"{size}" if size is not None else f"more than {limit}"
+    return (f"{kind} size of {got} bytes exceeds the maximum allowed value of {limit} "
+            f"bytes. Use --http-max-input-size to increase the limit.")
+
+
+# ---- JSON ------------------------------------------------------------------------------
+
+def decode_json(buf: Any) -> Any:
+    """Parse a JSON document; errors read like Triton's (rapidjson wording where it maps):
+    "failed to parse the request JSON buffer: <reason> at <offset>"."""
+    try:
+        return _decode(buf)
+    except (msgspec.DecodeError, ValueError) as e:
+        raise invalid_arg(_json_error_text(e, buf)) from None
+
+
+def _json_error_text(exc: Exception, buf: Any) -> str:
+    data = bytes(buf)
+    m = _MSGSPEC_ERROR.match(str(exc))
+    reason, offset = (m.group(1), m.group(2)) if m else (str(exc), None)
+    if not data.strip():
+        reason, offset = "The document is empty.", len(data)
+    elif reason.startswith("invalid character"):
+        reason = "Invalid value."
+    elif reason.startswith("trailing characters"):
+        reason = "The document root must not be followed by other values."
+    elif "truncated" in reason:
+        reason, offset = "Unexpected end of the document.", len(data)
+    elif isinstance(exc, UnicodeDecodeError):
+        reason, offset = "Invalid encoding in string.", exc.start
+    elif reason:
+        reason = reason[0].upper() + reason[1:] + ("" if reason.endswith(".") else ".")
+    return f"failed to parse the request JSON buffer: {reason} at {offset or 0}"
+
+
+def _object(doc: Any, what: str) -> dict:
+    if type(doc) is not dict:
+        raise invalid_arg(f"Unable to parse '{what}': expected a JSON object")
+    return doc
+
+
+def _uint(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+# ---- inference requests ----------------------------------------------------------------
+
+def parse_header_length(value: str | None, body_len: int) -> int | None:
+    """Inference-Header-Content-Length: None when absent (the body is all JSON); 0 means
+    a raw binary request (Triton's GetInferenceHeaderLength)."""
+    if value is None:
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise invalid_arg(f"Unable to parse Inference-Header-Content-Length, got: {value}") \
+            from None
+    if n < 0 or n > body_len:
+        raise invalid_arg(f"inference header size should be in range (0, {body_len}), "
+                          f"got: {value}")
+    return n
+
+
+def decode_infer_request(model: str, version: str, body: Any,
+                         header_length: int | None = None) -> tuple[CoreRequest, bool]:
+    """A JSON or binary-tensor infer body -> (request, binary outputs by default?).
+
+    `header_length` None: the whole body is JSON; otherwise the JSON is the first
+    `header_length` bytes and each input with "binary_data_size" takes its bytes, in
+    input order, from the rest (as memoryview slices of `body`: no copies)."""
+    mv = memoryview(body)
+    end = mv.nbytes
+    if header_length is None:
+        header_length = end
+    doc = _object(decode_json(mv[:header_length] if header_length < end else body), "inputs")
+
+    req_id = doc.get("id", "")
+    if type(req_id) is not str:
+        raise invalid_arg("Unable to parse 'id': expected a string")
+    params = doc.get("parameters")
+    binary_default = False
+    if params is None:
+        params = {}
+    elif type(params) is not dict:
+        raise invalid_arg("Unable to parse 'parameters': expected a JSON object")
+    elif "binary_data_output" in params:
+        # Consumed here as Triton does: a wire setting, not a parameter for the model.
+        bdo = params.pop("binary_data_output")
+        if type(bdo) is not bool:
+            raise invalid_arg("Unable to parse 'binary_data_output': expected a boolean")
+        binary_default = bdo
+
+    inputs_json = doc.get("inputs")
+    if type(inputs_json) is not list:
+        raise invalid_arg("Unable to parse 'inputs': expected an array")
+    inputs: list[InputTensor] = []
+    offset = header_length
+    for item in inputs_json:
+        tensor, offset = _decode_input(model, item, mv, offset, end)
+        inputs.append(tensor)
+    if offset != end:
+        raise invalid_arg(f"unexpected additional input data for model '{model}'")
+
+    outputs = None
+    if "outputs" in doc:
+        outputs_json = doc["outputs"]
+        if type(outputs_json) is not list:
+            raise invalid_arg("Unable to parse 'outputs': expected an array")
+        outputs = [_decode_output(o) for o in outputs_json] or None
+    return CoreRequest(model, version, req_id, inputs, outputs, params), binary_default
+
+
+def _decode_input(model: str, item: Any, mv: memoryview, offset: int,
+                  end: int) -> tuple[InputTensor, int]:
+    if type(item) is not dict:
+        raise invalid_arg("Unable to parse 'inputs': expected an array of JSON objects")
+    params = item.get("parameters")
+    if params is None:
+        params = {}
+    elif type(params) is not dict:
+        raise invalid_arg("Unable to parse 'parameters': expected a JSON object")
+    has_data = "data" in item
+    has_binary = "binary_data_size" in params
+    has_shm = "shared_memory_region" in params
+    if has_data + has_binary + has_shm != 1:  # Triton's ValidateInputContentType
+        found = [f for f, on in (("'data'", has_data), ("'binary_data_size'", has_binary),
+                                 ("'shared_memory_region'", has_shm)) if on]
+        raise invalid_arg(
+            "Input must set only one of the following fields: 'data', 'binary_data_size' "
+            "in 'parameters', 'shared_memory_region' in 'parameters'. But "
+            + (("set " + " ".join(found)) if found else "no field is set"))
+    name = item.get("name")
+    if type(name) is not str:
+        raise invalid_arg("Unable to parse 'name': expected a string")
+    datatype = item.get("datatype")
+    if type(datatype) is not str:
+        raise invalid_arg(f"Unable to parse 'datatype' of input '{name}': expected a string")
+    shape = item.get("shape")
+    if type(shape) is not list or not all(_uint(d) for d in shape):
+        raise invalid_arg(f"Unable to parse 'shape' of input '{name}': expected an array "
+                          f"of non-negative integers")
+
+    if has_binary:
+        size = params["binary_data_size"]
+        if not _uint(size):
+            raise invalid_arg(f"Unable to parse 'binary_data_size' of input '{name}': "
+                              f"expected a non-negative integer")
+        if offset + size > end:
+            raise invalid_arg(f"unexpected size for input '{name}', expecting "
+                              f"{offset + size - end} additional bytes for model '{model}'")
+        return InputTensor(name, datatype, shape, mv[offset:offset + size], params), \
+            offset + size
+    if has_shm:
+        if type(params["shared_memory_region"]) is not str:
+            raise invalid_arg("Unable to parse 'shared_memory_region': expected a string")
+        for key in _SHM_KEYS[1:]:
+            if key in params and not _uint(params[key]):
+                raise invalid_arg(f"Unable to parse '{key}': expected a non-negative integer")
+        return InputTensor(name, datatype, shape, None, params), offset
+    # JSON data. Differs from Triton: FP16/BF16 are accepted here (Triton refuses them).
+    data = json_to_buffer(name, datatype, shape, item["data"]) if math.prod(shape) else b""
+    return InputTensor(name, datatype, shape, data, params), offset
+
+
+def _decode_output(item: Any) -> RequestedOutput:
+    if type(item) is not dict:
+        raise invalid_arg("Unable to parse 'outputs': expected an array of JSON objects")
+    name = item.get("name")
+    if type(name) is not str:
+        raise invalid_arg("Unable to parse 'name': expected a string")
+    params = item.get("parameters")
+    if params is None:
+        return RequestedOutput(name)
+    if type(params) is not dict:
+        raise invalid_arg(f"Unable to parse 'parameters' of output '{name}': expected a "
+                          f"JSON object")
+    binary = params.get("binary_data", False)
+    if type(binary) is not bool:
+        raise invalid_arg(f"Unable to parse 'binary_data' of output '{name}': expected a "
+                          f"boolean")
+    if "shared_memory_region" in params:  # Triton's ValidateOutputParameter
+        if "classification" in params:
+            raise invalid_arg("Output can't set both 'shared_memory_region' and "
+                              "'classification'")
+        if binary:
+            raise invalid_arg("Output can't set both 'shared_memory_region' and "
+                              "'binary_data'")
+    return RequestedOutput(name, params)
+
+
+def decode_raw_request(model: str, version: str, body: Any, config: dict) -> CoreRequest:
+    """A raw binary body (Inference-Header-Content-Length: 0) -> the model's only input.
+
+    The shape is deduced as Triton core does: [1] (when the model batches) + config dims,
+    the one variable dim taking whatever the byte size leaves; a BYTES input must have dims
+    [1] and the body becomes its one element. `config` is the model's ModelConfig JSON."""
+    inputs = config.get("input") or []
+    if len(inputs) != 1:
+        raise invalid_arg(f"Raw request must only have 1 input (found 1) to be deduced but "
+                          f"got {len(inputs)} inputs in '{model}' model configuration")
+    cin = inputs[0]
+    name = cin.get("name", "")
+    datatype = config_to_api(cin.get("data_type", "TYPE_INVALID"))
+    shape = [1] if int(config.get("max_batch_size") or 0) != 0 else []
+    variable, count = -1, 1
+    for d in cin.get("dims") or ():
+        d = int(d)
+        if d == -1:
+            if variable != -1:
+                raise invalid_arg(f"The shape of the raw input '{name}' can not be deduced "
+                                  f"because there are more than one variable-sized dimension")
+            variable = len(shape)
+        else:
+            count *= d
+        shape.append(d)
+    nbytes = memoryview(body).nbytes
+    data: Any = body
+    if datatype == "BYTES":
+        if variable != -1 or count != 1:
+            raise invalid_arg("For BYTE datatype raw input, the model must have input "
+                              "shape [1]")
+        data = _U32.pack(nbytes) + bytes(body)
+    elif variable != -1:
+        per = count * (element_size(datatype) or 1)
+        shape[variable] = nbytes // per if per else 0
+    return CoreRequest(model, version, "", [InputTensor(name, datatype, shape, data)])
+
+
+# ---- inference responses ---------------------------------------------------------------
+
+_JSON, _BINARY, _SHM = 0, 1, 2
+
+
+def _output_kinds(req: CoreRequest) -> dict[str, int] | None:
+    if not req.outputs:
+        return None
+    kinds = {}
+    for o in req.outputs:
+        p = o.parameters
+        kinds[o.name] = (_SHM if "shared_memory_region" in p
+                         else _BINARY if p.get("binary_data") is True else _JSON)
+    return kinds
+
+
+def encode_infer_response(resp: CoreResponse, req: CoreRequest,
+                          binary_default: bool) -> tuple[bytes, int | None]:
+    """-> (body, JSON header length or None when no binary data follows the JSON).
+
+    An output the request names is binary when its "binary_data" is true, else JSON (as
+    in Triton, the request-level "binary_data_output" only covers outputs it does not
+    name); unnamed outputs follow `binary_default`. Binary outputs carry
+    "binary_data_size" and their bytes follow the JSON in output order."""
+    kinds = _output_kinds(req)
+    default = _BINARY if binary_default else _JSON
+    outputs = []
+    parts: list[Any] = []
+    for o in resp.outputs:
+        kind = default if kinds is None else kinds.get(o.name, default)
+        entry: dict[str, Any] = {"name": o.name, "datatype": o.datatype, "shape": o.shape}
+        if kind == _BINARY:
+            data = o.data
+            nbytes = data.nbytes if type(data) is memoryview else len(data)
+            entry["parameters"] = {**o.parameters, "binary_data_size": nbytes}
+            if nbytes:
+                parts.append(data)
+        else:
+            if o.parameters:
+                entry["parameters"] = o.parameters
+            if kind == _JSON:
+                entry["data"] = _output_json(o.name, o.datatype, o.shape, o.data)
+        outputs.append(entry)
+    doc: dict[str, Any] = {}
+    rid = resp.id or req.id
+    if rid:
+        doc["id"] = rid
+    doc["model_name"] = resp.model_name
+    doc["model_version"] = resp.model_version
+    if resp.parameters:
+        doc["parameters"] = resp.parameters
+    doc["outputs"] = outputs
+    header = encode_json(doc)
+    if not parts:  # Triton: no binary bytes -> plain JSON, no header-length header
+        return header, None
+    return b"".join([header, *parts]), len(header)
+
+
+def _output_json(name: str, datatype: str, shape: list[int], data: Any) -> list[Any]:
+    # Differs from Triton: FP16/BF16 outputs are written as JSON numbers, not refused.
+    try:
+        return buffer_to_json(datatype, shape, data)
+    except TriremeError as e:  # the backend's fault, not the client's
+        raise internal(f"output tensor shape does not match size of output for "
+                       f"'{name}': {e.message}") from None
+
+
+@functools.lru_cache(maxsize=128)
+def response_encoding(accept_encoding: str) -> str | None:
+    """"gzip", "deflate" or None from an Accept-Encoding value: the supported type with
+    the highest q-weight, first one on ties (Triton's CompressionTypeUsed)."""
+    best, weight = "identity", 0.0
+    for item in accept_encoding.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        kind, sep, q = item.partition(";q=")
+        kind = kind.strip().lower()
+        w = 1.0
+        if sep:
+            try:
+                w = float(q)
+            except ValueError:
+                continue
+        if kind in ("identity", "deflate", "gzip") and w > weight:
+            best, weight = kind, w
+    return None if best == "identity" else best
+
+
+def compress(body: bytes, encoding: str) -> bytes:
+    """gzip (RFC 1952) or deflate (zlib stream, RFC 1950, as HTTP means it)."""
+    return zlib.compress(body, 6, 31 if encoding == "gzip" else 15)
+
+
+# ---- model repository requests ----------------------------------------------------------
+
+def decode_index_request(body: Any) -> bool:
+    """Repository index body {"ready": bool} (optional) -> ready_only."""
+    if not body:
+        return False
+    ready = _object(decode_json(body), "ready").get("ready", False)
+    if type(ready) is not bool:
+        raise invalid_arg("Unable to parse 'ready': expected a boolean")
+    return ready
+
+
+def decode_load_request(body: Any) -> dict[str, Any]:
+    """Load body {"parameters": {"config": str, "file:<v>/<name>": base64 str}} -> the
+    data plane's parameters, file contents decoded to bytes."""
+    if not body:
+        return {}
+    params = _object(decode_json(body), "parameters").get("parameters", {})
+    params = _object(params, "parameters")
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        if type(value) is not str:
+            raise invalid_arg(f"Unable to parse parameter '{key}': expected a string")
+        if key == "config":
+            out[key] = value
+        elif key.startswith("file:"):
+            try:
+                out[key] = base64.b64decode(value)
+            except (binascii.Error, ValueError):
+                raise invalid_arg(f"Unable to parse parameter '{key}': invalid base64 "
+                                  f"content") from None
+        else:  # Differs from Triton, which answers 500 "unexpected error on creating ..."
+            raise invalid_arg(f"unexpected load parameter '{key}': expected 'config' or "
+                              f"'file:<version>/<file name>'")
+    return out
+
+
+def decode_unload_request(body: Any) -> dict[str, Any]:
+    """Unload body {"parameters": {"unload_dependents": bool}} (optional)."""
+    unload_dependents = False
+    if body:
+        params = _object(decode_json(body), "parameters").get("parameters", {})
+        value = _object(params, "parameters").get("unload_dependents", False)
+        if type(value) is not bool:
+            raise invalid_arg("Unable to parse 'unload_dependents': expected a boolean")
+        unload_dependents = value
+    return {"unload_dependents": unload_dependents}

@@ -1,0 +1,96 @@
+"""The frontend process: HTTP and gRPC adapters over one DataPlane, on one event loop."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from services.common.procutil import die_with_parent, set_title
+from services.frontend.dataplane import DataPlane
+from services.frontend.settings import DEFAULT_HTTP_MAX_INPUT_SIZE, FrontendSettings
+
+log = logging.getLogger("trireme.frontend")
+
+
+async def run(settings: FrontendSettings) -> None:
+    if not settings.result_addr:
+        settings.result_addr = f"ipc:///tmp/trireme-{os.getpid()}-results.sock"
+    dp = DataPlane(settings)
+    await dp.start()
+    http = grpc_server = None
+    if settings.allow_http:
+        from services.frontend.http_server import start_http
+        http = await start_http(dp, settings)
+    if settings.allow_grpc:
+        from services.frontend.grpc_server import start_grpc
+        grpc_server = await start_grpc(dp, settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("frontend %d serving http:%s grpc:%s", os.getpid(), settings.http_port, settings.grpc_port)
+    await stop.wait()
+    if grpc_server is not None:
+        await grpc_server.stop(0.5)
+    if http is not None:
+        await http.cleanup()
+    dp.close()
+
+
+def add_frontend_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--allow-http", type=_bool, default=True)
+    p.add_argument("--allow-grpc", type=_bool, default=True)
+    p.add_argument("--http-max-input-size", type=int, default=DEFAULT_HTTP_MAX_INPUT_SIZE)
+    p.add_argument("--server-name", default="trireme",
+                   help='name reported by server metadata ("triton" for Triton test suites)')
+    p.add_argument("--inline-threshold", type=int, default=64 * 1024,
+                   help="tensors smaller than this travel inline, larger ones in shared memory")
+    p.add_argument("--no-shm", action="store_true",
+                   help="send every tensor inline (processes on different hosts)")
+
+
+def _bool(v: str) -> bool:
+    if v.lower() in ("1", "true", "yes", "on"):
+        return True
+    if v.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got '{v}'")
+
+
+def settings_from_args(args: argparse.Namespace, scheduler_addr: str, result_addr: str = "") -> FrontendSettings:
+    return FrontendSettings(
+        scheduler_addr=scheduler_addr, result_addr=result_addr, host=args.host,
+        http_port=args.http_port, grpc_port=args.grpc_port, allow_http=args.allow_http,
+        allow_grpc=args.allow_grpc, http_max_input_size=args.http_max_input_size,
+        server_name=args.server_name, inline_threshold=args.inline_threshold,
+        use_shm=not args.no_shm)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="trireme frontend")
+    p.add_argument("--scheduler", required=True, help="the scheduler's frontend socket address")
+    p.add_argument("--result-addr", default="", help="address this frontend binds for results")
+    p.add_argument("--parent-pid", type=int, default=0, help=argparse.SUPPRESS)
+    add_frontend_args(p)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s frontend %(levelname)s %(message)s")
+    set_title(f"trireme frontend {args.http_port}/{args.grpc_port}")
+    if args.parent_pid:
+        die_with_parent(args.parent_pid)
+    try:
+        import uvloop
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(run(settings_from_args(args, args.scheduler, args.result_addr)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,251 @@
+"""Request validation against cached model metadata, before anything is queued.
+
+Checks run in the order Triton runs them and fail with Triton's wording and codes, because
+clients and Triton's own tests match on these strings. Sources (triton-inference-server):
+- core src/infer_request.{h,cc}: InferenceRequest::AddOriginalInput /
+  AddOriginalRequestedOutput (duplicates), Normalize, ValidateRequestInputs,
+  ValidateBytesInputs. These messages start with LogRequest(): "[request id: <id>] ",
+  "<id_unknown>" when the request has no id.
+- core src/model.cc: Model::GetInput / GetOutput ("unexpected inference input|output").
+- core src/model_repository_manager/model_lifecycle.cc (GetModel) and
+  model_repository_manager.cc (which prefixes "Request for unknown model: ").
+- server src/common.cc: GetModelVersionFromString.
+- backend src/backend_common.cc: "incomplete string data ..." (the core leaves a truncated
+  last BYTES element to the backend; we reject it here, with the backend's text).
+
+Pure functions: nothing is cached between calls, so a model reload can never leave stale
+state behind. No Python loop touches fixed-size tensor data; BYTES framing is walked once
+per element (unavoidable: element offsets are sequential), stopping early like Triton.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import struct
+
+from services.common.datatypes import DATATYPES, element_size
+from services.common.errors import Code, TriremeError
+from services.common.messages import ModelInfo
+from services.frontend.types import CoreRequest
+
+__all__ = ["resolve_version", "validate_infer", "unknown_model_error"]
+
+_READY = "READY"
+_WILDCARD = -1
+_KNOWN_DATATYPES = frozenset(DATATYPES)
+_U32 = struct.Struct("<I").unpack_from
+# What std::stol accepts: leading whitespace, an optional sign, digits (rest ignored).
+_STOL = re.compile(r"[ \t\n\v\f\r]*([+-]?[0-9]+)")
+_INT64_MAX = (1 << 63) - 1
+_BATCH_NOTE = (
+    "NOTE: Setting a non-zero max_batch_size in the model config requires a batch "
+    "dimension to be prepended to each input shape. If you want to specify the full shape "
+    "including the batch dim in your input dims config, try setting max_batch_size to zero. "
+    "See the model configuration docs for more info on max_batch_size.")
+
+
+def _invalid(msg: str) -> TriremeError:
+    return TriremeError(Code.INVALID_ARG, msg)
+
+
+def _dims(shape) -> str:
+    """triton::common::DimsListToString: "[1,-1,3]" (no spaces)."""
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def _names(names) -> str:
+    """ValidateRequestInputs' list rendering: "['a','b']"; Triton's pop_back on an empty
+    list drops the "[" itself, so an empty list renders as "]" (reproduced on purpose)."""
+    s = "[" + "".join(f"'{n}'," for n in names)
+    return s[:-1] + "]"
+
+
+def unknown_model_error(model: str) -> TriremeError:
+    """Triton's answer for a model name the repository does not know."""
+    return TriremeError(Code.NOT_FOUND, f"Request for unknown model: '{model}' is not found")
+
+
+# ------------------------------------------------------------------------------- versions
+def resolve_version(info: ModelInfo, version: str) -> int:
+    """The concrete version a request for ``version`` ("" = default) runs on."""
+    name = info.name
+    if info.error is not None:
+        raise TriremeError(info.error.code, info.error.message)
+    if not version:
+        ready = [v for v, state in info.versions.items() if state == _READY]
+        if not ready:
+            raise TriremeError(
+                Code.NOT_FOUND, f"Request for unknown model: '{name}' has no available versions")
+        return max(ready)
+    m = _STOL.match(version)
+    v = int(m.group(1)) if m else None
+    if v is None or not -_INT64_MAX - 1 <= v <= _INT64_MAX:
+        raise _invalid(f"failed to get model version from specified version string "
+                       f"'{version}' (details: stol), version should be an integral value > 0")
+    if v < 0:
+        raise _invalid(f"invalid model version specified '{version}' , version should be an "
+                       f"integral value > 0")
+    state = info.versions.get(v)
+    if state is None:
+        raise TriremeError(Code.NOT_FOUND,
+                           f"Request for unknown model: '{name}' version {v} is not found")
+    if state != _READY:
+        raise TriremeError(Code.UNAVAILABLE,
+                           f"Request for unknown model: '{name}' version {v} is not at ready state")
+    return v
+
+
+# ------------------------------------------------------------------------------- requests
+def validate_infer(info: ModelInfo, req: CoreRequest) -> int:
+    """Check ``req`` against ``info``; return its batch size (1 for a non-batching model)."""
+    model = info.name
+    rid = f"[request id: {req.id or '<id_unknown>'}] "
+    inputs = req.inputs
+    specs = {s.name: s for s in info.inputs}
+
+    # 1. Duplicates, caught by Triton while the request is being built (inputs, then outputs).
+    seen: set[str] = set()
+    for t in inputs:
+        if t.name in seen:
+            raise _invalid(f"{rid}input '{t.name}' already exists in request")
+        seen.add(t.name)
+    if req.outputs:
+        out_names: set[str] = set()
+        for o in req.outputs:
+            if o.name in out_names:
+                raise _invalid(f"{rid}output '{o.name}' already exists in request")
+            out_names.add(o.name)
+        # 2. Requested outputs (Triton walks a std::set: sorted order).
+        known_outputs = {s.name for s in info.outputs}
+        for name in sorted(out_names):
+            if name not in known_outputs:
+                raise _invalid(f"unexpected inference output '{name}' for model '{model}'")
+
+    # 3. Input count (ValidateRequestInputs).
+    n, n_cfg = len(inputs), len(info.inputs)
+    n_required = sum(1 for s in info.inputs if not s.optional)
+    if n > n_cfg or n < n_required:
+        raise _count_error(rid, info, seen, inputs, n_required)
+
+    # 4. Batch dimension; unknown inputs surface here, in request order, as in Triton.
+    mbs = info.max_batch_size
+    batch = 0
+    for t in inputs:
+        if t.name not in specs:
+            raise _invalid(f"unexpected inference input '{t.name}' for model '{model}'")
+        if mbs > 0:
+            if not t.shape:
+                raise _invalid(f"{rid}input '{t.name}' has no shape but model requires batch "
+                               f"dimension for '{model}'")
+            d0 = t.shape[0]
+            if batch == 0:
+                batch = d0 & 0xFFFFFFFF          # Triton keeps it in a uint32
+            elif d0 != batch:
+                raise _invalid(f"{rid}input '{t.name}' batch size does not match other "
+                               f"inputs for '{model}'")
+    # Triton only counts inputs; a required input replaced by an optional one would reach
+    # the backend. Reject it here with the same message.
+    if n_required and any(not s.optional and s.name not in seen for s in info.inputs):
+        raise _count_error(rid, info, seen, inputs, n_required)
+    if batch > mbs:
+        raise _invalid(f"{rid}inference request batch-size must be <= {mbs} for '{model}'")
+
+    # 5. Per input: datatype, shape, then byte size.
+    for t in inputs:
+        spec = specs[t.name]
+        if t.datatype != spec.datatype:
+            got = t.datatype if t.datatype in _KNOWN_DATATYPES else "<invalid>"
+            raise _invalid(f"{rid}inference input '{t.name}' data-type is '{got}', but model "
+                           f"'{model}' expects '{spec.datatype}'")
+        dims = t.shape[1:] if mbs > 0 else t.shape
+        cfg = spec.shape[1:] if mbs > 0 else spec.shape
+        if len(dims) != len(cfg) or not _dims_match(rid, model, t, dims, cfg):
+            raise _invalid(f"{rid}unexpected shape for input '{t.name}' for model '{model}'. "
+                           f"Expected {_dims(spec.shape)}, got {_dims(t.shape)}. "
+                           f"{_BATCH_NOTE if mbs > 0 else ''}")
+        if any(d < 0 for d in dims):             # -2 etc. under a wildcard config dim
+            raise _all_dims_error(rid, model, t)
+        count = math.prod(dims) * (batch or 1) if mbs > 0 else math.prod(dims)
+        size = element_size(spec.datatype)
+        if size is None:
+            _check_bytes(rid, model, t, count)
+        else:
+            _check_byte_size(rid, model, t, count * size)
+
+    if mbs > 0 and batch == 0:
+        # Triton would run a zero-row batch as if the model did not batch; we cannot.
+        raise _invalid(f"{rid}inference request batch-size must be >= 1 for '{model}'")
+    return batch if mbs > 0 else 1
+
+
+def _count_error(rid, info, given, inputs, n_required) -> TriremeError:
+    n_cfg = len(info.inputs)
+    missing = _names(s.name for s in info.inputs if not s.optional and s.name not in given)
+    got = _names(t.name for t in inputs) if inputs else "[]"
+    if n_cfg == n_required:
+        head = f"expected {n_cfg} inputs"
+    else:
+        head = f"expected number of inputs between {n_required} and {n_cfg}"
+    return _invalid(f"{rid}{head} but got {len(inputs)} inputs for model '{info.name}'. Got "
+                    f"input(s) {got}, but missing required input(s) {missing}. Please provide "
+                    f"all required input(s).")
+
+
+def _all_dims_error(rid, model, t) -> TriremeError:
+    return _invalid(f"{rid}All input dimensions should be specified for input '{t.name}' for "
+                    f"model '{model}', got {_dims(t.shape)}")
+
+
+def _dims_match(rid, model, t, dims, cfg) -> bool:
+    for d, c in zip(dims, cfg):
+        if d == _WILDCARD:
+            raise _all_dims_error(rid, model, t)
+        if c != _WILDCARD and c != d:
+            return False
+    return True
+
+
+def _check_byte_size(rid, model, t, expected: int) -> None:
+    data = t.data
+    if data is None:
+        got = t.parameters.get("shared_memory_byte_size")
+        if got is None:
+            if "shared_memory_region" in t.parameters:
+                return                           # size unknown here; the region check owns it
+            got = 0                              # no data at all: Triton sees 0 bytes
+    else:
+        got = data.nbytes if isinstance(data, memoryview) else len(data)
+    if got != expected:
+        raise _invalid(f"{rid}input byte size mismatch for input '{t.name}' for model "
+                       f"'{model}'. Expected {expected}, got {got}")
+
+
+def _check_bytes(rid, model, t, count: int) -> None:
+    """ValidateBytesInputs over one contiguous buffer: 4-byte LE length + payload each."""
+    data = t.data
+    if data is None:
+        if "shared_memory_region" in t.parameters:
+            return                               # region contents are not readable here
+        data = b""
+    if isinstance(data, memoryview) and (data.format != "B" or data.ndim != 1):
+        data = data.cast("B")
+    where = f"for inference input '{t.name}' for model '{model}'"
+    n, off, checked = len(data), 0, 0
+    while off < n:
+        if n - off < 4:
+            raise _invalid(f"{rid}incomplete string length indicator {where}, expecting 4 "
+                           f"bytes but only {n - off} bytes available. Please make sure the "
+                           f"string length indicator is in one buffer.")
+        length = _U32(data, off)[0]
+        checked += 1
+        if checked > count:
+            raise _invalid(f"{rid}unexpected number of string elements {checked} {where}, "
+                           f"expecting {count}")
+        off += 4 + length
+    if checked != count:
+        raise _invalid(f"{rid}expected {count} string elements {where}, got {checked}")
+    if off > n:                                  # last element runs past the buffer
+        avail = n - (off - length)
+        raise _invalid(f"incomplete string data for inference input '{t.name}', expecting "
+                       f"string of length {length} but only {avail} bytes available")

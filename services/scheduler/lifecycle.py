@@ -1,0 +1,261 @@
+"""The model repository as the scheduler holds it: which models exist, which versions are
+loaded, and the load / unload state machine that spawns and stops instance workers.
+
+    scan ─▶ config + auto-complete ─▶ first instance (completes IO from the file)
+         ─▶ validate ─▶ remaining instances ─▶ READY            (any failure: UNAVAILABLE)
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from protos import model_config_pb2 as mc
+from services.common import config as cfgmod
+from services.common import messages as m
+from services.common import repository as repo
+from services.common.datatypes import config_to_api
+from services.common.errors import Code, TriremeError
+from services.scheduler.dispatch import Instance, VersionQueue
+
+log = logging.getLogger("trireme.models")
+
+READY, LOADING, UNAVAILABLE, UNLOADING = "READY", "LOADING", "UNAVAILABLE", "UNLOADING"
+_worker_ids = itertools.count(1)
+
+
+@dataclass
+class VersionState:
+    version: int
+    state: str = LOADING
+    reason: str = ""
+    queue: VersionQueue | None = None
+
+
+@dataclass
+class ModelEntry:
+    name: str
+    path: Path | None = None
+    config: Any = None                        # completed mc.ModelConfig once loaded
+    versions: dict[int, VersionState] = field(default_factory=dict)
+    state: str = ""                           # model-level state when no version exists
+    reason: str = ""
+    info: m.ModelInfo | None = None           # cached answer for frontends
+    instances: list[Instance] = field(default_factory=list)
+
+    def ready_version(self, version: int) -> VersionState | None:
+        if version == 0:
+            ready = [v for v in self.versions.values() if v.state == READY]
+            return max(ready, key=lambda v: v.version) if ready else None
+        vs = self.versions.get(version)
+        return vs if vs is not None and vs.state == READY else None
+
+
+def _io_specs(ios, max_batch_size: int) -> list[m.IOSpec]:
+    return [m.IOSpec(io.name, config_to_api(mc.DataType.Name(io.data_type)),
+                     cfgmod.input_shape(io, max_batch_size),
+                     bool(getattr(io, "optional", False))) for io in ios]
+
+
+def model_info(entry: ModelEntry) -> m.ModelInfo:
+    versions = {v: s.state for v, s in entry.versions.items()}
+    cfg = entry.config
+    if cfg is None:
+        return m.ModelInfo(0, entry.name, versions=versions)
+    return m.ModelInfo(
+        0, entry.name, platform=cfg.platform or cfg.backend, backend=cfg.backend,
+        versions=versions, max_batch_size=cfg.max_batch_size,
+        inputs=_io_specs(cfg.input, cfg.max_batch_size),
+        outputs=_io_specs(cfg.output, cfg.max_batch_size),
+        config_json=json.dumps(cfgmod.config_to_json(cfg), separators=(",", ":")),
+        decoupled=cfg.model_transaction_policy.decoupled)
+
+
+class ModelManager:
+    """Owns every ModelEntry; the Scheduler gives it the process and messaging hooks."""
+
+    def __init__(self, repositories: list[Path], *, spawn_instance: Callable, stop_instance: Callable,
+                 send_batch: Callable, fail: Callable, changed: Callable[[list[str]], None],
+                 config_name: str | None = None, disable_autocomplete: bool = False) -> None:
+        self.repositories = repositories
+        self.models: dict[str, ModelEntry] = {}
+        self.spawn_instance = spawn_instance      # async (Instance, config bytes, model_dir, autocomplete) -> mc.ModelConfig
+        self.stop_instance = stop_instance        # async (Instance) -> None
+        self.send_batch = send_batch
+        self.fail = fail
+        self.changed = changed
+        self.config_name = config_name
+        self.disable_autocomplete = disable_autocomplete
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    # ---------------------------------------------------------------- repository
+    def scan(self) -> dict[str, repo.ModelSource]:
+        sources, duplicates = repo.scan(self.repositories)
+        for name, why in duplicates.items():
+            e = self.models.setdefault(name, ModelEntry(name))
+            e.state, e.reason = UNAVAILABLE, why
+        for name, src in sources.items():
+            self.models.setdefault(name, ModelEntry(name, src.path)).path = src.path
+        return sources
+
+    def index(self, ready_only: bool) -> list[m.IndexEntry]:
+        self.scan()
+        out: list[m.IndexEntry] = []
+        for name in sorted(self.models):
+            e = self.models[name]
+            if not e.versions:
+                if not ready_only:
+                    out.append(m.IndexEntry(name, state=e.state, reason=e.reason))
+                continue
+            for v in sorted(e.versions):
+                s = e.versions[v]
+                if ready_only and s.state != READY:
+                    continue
+                out.append(m.IndexEntry(name, str(v), s.state, s.reason))
+        return out
+
+    def info(self, name: str) -> m.ModelInfo:
+        e = self.models.get(name)
+        if e is None:
+            return m.ModelInfo(0, name, error=m.ErrorRecord(
+                int(Code.NOT_FOUND), f"Request for unknown model: '{name}' is not found"))
+        if e.info is None:
+            e.info = model_info(e)
+        return e.info
+
+    # ---------------------------------------------------------------- load / unload
+    async def load(self, name: str, override: Any = None, files: dict[str, bytes] | None = None) -> None:
+        lock = self._locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            await self._load(name, override)
+
+    async def _load(self, name: str, override: Any) -> None:
+        self.scan()
+        old = self.models.get(name)
+        if old is None or old.path is None:
+            raise TriremeError(Code.INVALID_ARG, f"failed to load '{name}', failed to poll from "
+                                                 "model repository")
+        new = ModelEntry(name, old.path)
+        try:
+            cfg = override if override is not None else cfgmod.load_config(old.path, self.config_name)
+            if not self.disable_autocomplete:
+                cfg = cfgmod.autocomplete(cfg, old.path, name)
+            elif not cfg.name:
+                cfg.name = name
+            cfgmod.validate(cfg, require_io=False)
+            versions = repo.select_versions(cfg, repo.available_versions(old.path))
+        except TriremeError as e:
+            self._set_failed(old, e.message)
+            raise
+        for v in versions:
+            new.versions[v] = VersionState(v)
+        if old.versions:   # a reload keeps the old versions serving until the new ones are up
+            pass
+        else:
+            old.versions = {v: VersionState(v) for v in versions}
+            old.info = None
+            self.changed([name])
+        try:
+            cfg = await self._start_instances(new, cfg, versions)
+        except TriremeError as e:
+            await self._stop_all(new)
+            self._set_failed(old, e.message)
+            raise
+        new.config = cfg
+        for v, vs in new.versions.items():
+            vs.state = READY
+        previous = self.models.get(name)
+        self.models[name] = new
+        self.changed([name])
+        if previous is not None and previous is not new:
+            await self._retire(previous, "unloaded")
+
+    def _set_failed(self, entry: ModelEntry, reason: str) -> None:
+        log.error("failed to load '%s': %s", entry.name, reason)
+        if entry.versions and any(v.state == READY for v in entry.versions.values()):
+            return   # a failed reload keeps the old model serving
+        entry.state, entry.reason = UNAVAILABLE, reason
+        entry.versions = {v: VersionState(v, UNAVAILABLE, reason) for v in entry.versions} \
+            if entry.versions else {}
+        entry.info = None
+        self.changed([entry.name])
+
+    async def _start_instances(self, entry: ModelEntry, cfg: Any, versions: list[int]) -> Any:
+        plan: list[tuple[int, Any, int]] = []  # (version, group, index)
+        for v in sorted(versions, reverse=True):
+            for group in cfg.instance_group:
+                for i in range(group.count):
+                    plan.append((v, group, i))
+
+        def make(v: int, group: Any, i: int) -> Instance:
+            kind = mc.ModelInstanceGroup.Kind.Name(group.kind)
+            device = group.gpus[i % len(group.gpus)] if group.gpus else 0
+            inst = Instance(f"w{next(_worker_ids)}", f"{group.name}_{i}", entry.name, v, kind, device)
+            entry.instances.append(inst)
+            return inst
+
+        # The first instance completes the config from the model file (IO, max_batch_size).
+        v0, g0, i0 = plan[0]
+        first = make(v0, g0, i0)
+        completed = await self.spawn_instance(first, cfg.SerializeToString(), str(entry.path),
+                                              not self.disable_autocomplete)
+        cfgmod.normalize(completed)
+        cfgmod.validate(completed)
+        blob = completed.SerializeToString()
+        rest = [make(v, g, i) for v, g, i in plan[1:]]
+        results = await asyncio.gather(
+            *(self.spawn_instance(inst, blob, str(entry.path), False) for inst in rest),
+            return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r if isinstance(r, TriremeError) else TriremeError(Code.INTERNAL, str(r))
+        for v in versions:
+            entry.versions[v].queue = VersionQueue(entry.name, v, self.send_batch, self.fail)
+        for inst in entry.instances:
+            entry.versions[inst.version].queue.add_instance(inst)
+        return completed
+
+    async def unload(self, name: str) -> None:
+        lock = self._locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            e = self.models.get(name)
+            if e is None or not e.versions:
+                return
+            for vs in e.versions.values():
+                vs.state = UNLOADING
+            e.info = None
+            self.changed([name])
+            await self._retire(e, "unloaded")
+            self.models[name] = ModelEntry(name, e.path, versions={
+                v: VersionState(v, UNAVAILABLE, "unloaded") for v in e.versions})
+            self.changed([name])
+
+    async def _retire(self, entry: ModelEntry, reason: str) -> None:
+        """Finish what the workers hold, fail what is still queued, stop the workers."""
+        for vs in entry.versions.values():
+            if vs.queue is not None:
+                vs.queue.fail_queued(Code.UNAVAILABLE,
+                                     f"'{entry.name}' version {vs.version} is not at ready state")
+        for _ in range(600):   # in-flight batches finish (or their worker dies) within the deadline
+            if not any(i.inflight for i in entry.instances):
+                break
+            await asyncio.sleep(0.05)
+        await self._stop_all(entry)
+
+    async def _stop_all(self, entry: ModelEntry) -> None:
+        await asyncio.gather(*(self.stop_instance(i) for i in entry.instances), return_exceptions=True)
+        entry.instances.clear()
+
+    def find_instance(self, worker_id: str) -> tuple[ModelEntry, Instance] | None:
+        for e in self.models.values():
+            for inst in e.instances:
+                if inst.worker_id == worker_id:
+                    return e, inst
+        return None
+
+    async def shutdown(self) -> None:
+        await asyncio.gather(*(self._stop_all(e) for e in self.models.values()), return_exceptions=True)

@@ -1,0 +1,320 @@
+"""The scheduler process: routes requests from frontends to instance workers.
+
+    frontends ──DEALER──▶ [ROUTER frontend socket] ─┐
+                                                    ├─ one asyncio loop: ModelManager + queues
+    workers   ──DEALER──▶ [ROUTER worker socket]  ──┘
+    workers ──PUSH──▶ frontends (results go straight back; the scheduler only hears BatchDone)
+
+Tensor bytes never pass through here as copies: inline frames are forwarded by reference
+(zero-copy ZeroMQ frames) and shared-memory tensors are only references.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from services.common import messages as m
+from services.common import shm, transport
+from services.common.errors import Code, TriremeError
+from services.scheduler.dispatch import Instance, Pending
+from services.scheduler.lifecycle import ModelManager
+from services.scheduler.metrics import Metrics
+from services.scheduler.supervisor import ProcessHandle
+
+log = logging.getLogger("trireme.scheduler")
+
+LOAD_TIMEOUT_S = 300.0
+RESTART_BACKOFF_S = 0.5
+
+
+@dataclass
+class SchedulerSettings:
+    repositories: list[Path]
+    frontend_addr: str
+    """ROUTER socket frontends connect to."""
+    worker_addr: str
+    """ROUTER socket workers connect to."""
+    control_mode: str = "none"
+    """none | explicit | poll (--model-control-mode)."""
+    load_models: list[str] = field(default_factory=list)
+    repository_poll_secs: float = 15.0
+    config_name: str | None = None
+    disable_autocomplete: bool = False
+    strict_readiness: bool = True
+    metrics_port: int = 8002
+    allow_metrics: bool = True
+    host: str = "0.0.0.0"
+    worker_args: list[str] = field(default_factory=list)
+    """Extra flags for every spawned worker (e.g. --no-shm)."""
+
+
+class Scheduler:
+    def __init__(self, settings: SchedulerSettings) -> None:
+        self.settings = settings
+        self.frontends: set[bytes] = set()
+        self.metrics = Metrics()
+        self.ready = False
+        self._spawning: dict[str, tuple[asyncio.Future, asyncio.Future]] = {}
+        self._by_pid: dict[int, Instance] = {}       # loaded instances by worker pid
+        self._workers: dict[str, Instance] = {}      # ... and by worker id
+        self._stopping = False
+        self.models = ModelManager(
+            settings.repositories, spawn_instance=self._spawn_instance,
+            stop_instance=self._stop_instance, send_batch=self._send_batch, fail=self._fail,
+            changed=self._changed, config_name=settings.config_name,
+            disable_autocomplete=settings.disable_autocomplete)
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        for seg in shm.sweep_stale():
+            log.info("removed stale shared-memory segment %s", seg)
+        self.fsock = transport.socket(zmq.ROUTER)
+        self.fsock.bind(self.settings.frontend_addr)
+        self.wsock = transport.socket(zmq.ROUTER)
+        self.wsock.bind(self.settings.worker_addr)
+        self.freader = transport.Reader(self.fsock, self._on_frontend)
+        self.wreader = transport.Reader(self.wsock, self._on_worker)
+        self.metrics_runner = None
+        if self.settings.allow_metrics:
+            self.metrics_runner = await self.metrics.serve(self.settings.host, self.settings.metrics_port)
+
+    async def load_initial(self) -> None:
+        sources = self.models.scan()
+        if self.settings.control_mode == "explicit":
+            names = set()
+            for n in self.settings.load_models:
+                names |= set(sources) if n == "*" else {n}
+        else:
+            names = set(sources)
+        results = await asyncio.gather(*(self.models.load(n) for n in sorted(names)),
+                                       return_exceptions=True)
+        for n, r in zip(sorted(names), results):
+            if isinstance(r, BaseException):
+                log.error("model '%s' failed to load: %s", n, r)
+        self.ready = True
+        self._changed([])
+
+    async def stop(self) -> None:
+        self._stopping = True
+        await self.models.shutdown()
+        if self.metrics_runner is not None:
+            await self.metrics_runner.cleanup()
+        self.freader.close()
+        self.wreader.close()
+        for addr in (self.settings.frontend_addr, self.settings.worker_addr):
+            transport.remove_ipc(addr)
+
+    # ------------------------------------------------------------------ frontends
+    def _send_frontend(self, identity: bytes, msg: Any, frames: list[Any] = ()) -> None:
+        try:
+            self.fsock.send_multipart([identity, *m.encode(msg, frames)], copy=False)
+        except zmq.ZMQError as e:   # EHOSTUNREACH: that frontend is gone
+            log.warning("cannot reach frontend %r: %s", identity, e)
+            self.frontends.discard(identity)
+        self.freader.kick()
+
+    def _on_frontend(self, parts: list[Any]) -> None:
+        identity = parts[0].bytes
+        msg, frames = m.decode(parts[1:])
+        if isinstance(msg, m.InferRequest):
+            self._infer(identity, msg, frames)
+        elif isinstance(msg, m.ReleaseBlocks):
+            inst = self._by_pid.get(msg.owner_pid)
+            if inst is not None:
+                self._send_worker(inst.worker_id, m.ReleaseOutputs(msg.blocks))
+        elif isinstance(msg, m.GetModelInfo):
+            info = self.models.info(msg.model)
+            info = m.ModelInfo(**{f: getattr(info, f) for f in info.__struct_fields__})
+            info.ctl_id = msg.ctl_id
+            self._send_frontend(identity, info)
+        elif isinstance(msg, m.GetIndex):
+            self._send_frontend(identity, m.Index(msg.ctl_id, self.models.index(msg.ready_only)))
+        elif isinstance(msg, (m.LoadModelRequest, m.UnloadModelRequest)):
+            asyncio.get_running_loop().create_task(self._control(identity, msg))
+        elif isinstance(msg, m.FrontendHello):
+            self.frontends.add(identity)
+            self._send_frontend(identity, m.RepositoryChanged([], self.server_ready()))
+
+    def server_ready(self) -> bool:
+        if not self.ready:
+            return False
+        if not self.settings.strict_readiness:
+            return True
+        # Strict readiness: every model that should be loaded is.
+        return all(any(v.state == "READY" for v in e.versions.values())
+                   for e in self.models.models.values() if e.versions and
+                   any(v.reason != "unloaded" for v in e.versions.values()))
+
+    def _changed(self, names: list[str]) -> None:
+        if not hasattr(self, "fsock"):
+            return
+        ready = self.server_ready()
+        for identity in list(self.frontends):
+            self._send_frontend(identity, m.RepositoryChanged(names, ready))
+
+    def _infer(self, identity: bytes, req: m.InferRequest, frames: list[Any]) -> None:
+        entry = self.models.models.get(req.model)
+        vs = entry.ready_version(req.version) if entry is not None else None
+        if vs is None or vs.queue is None:
+            if entry is None:
+                self._fail_req(identity, req, Code.NOT_FOUND,
+                               f"Request for unknown model: '{req.model}' is not found")
+            else:
+                v = req.version or max(entry.versions, default=0)
+                self._fail_req(identity, req, Code.UNAVAILABLE,
+                               f"'{req.model}' version {v} is not at ready state")
+            return
+        req.version = vs.version
+        self.metrics.pending(req.model, vs.version, +1)
+        vs.queue.enqueue(Pending(identity, req, frames))
+
+    def _fail_req(self, identity: bytes, req: m.InferRequest, code: int, message: str) -> None:
+        self._send_frontend(identity, m.InferResult(req.req_id, error=m.ErrorRecord(int(code), message)))
+
+    def _fail(self, p: Pending, code: int, message: str) -> None:
+        self.metrics.failed(p.req.model, p.req.version, 1)
+        self.metrics.pending(p.req.model, p.req.version, -1)
+        self._fail_req(p.frontend, p.req, code, message)
+
+    async def _control(self, identity: bytes, msg: Any) -> None:
+        err = None
+        try:
+            if self.settings.control_mode != "explicit":
+                raise TriremeError(Code.UNAVAILABLE, "explicit model load / unload is not allowed "
+                                                     "if polling is enabled")
+            if isinstance(msg, m.LoadModelRequest):
+                override = None
+                if msg.config_json:
+                    from services.common.config import config_from_json
+                    override = config_from_json(msg.config_json)
+                await self.models.load(msg.model, override, msg.files)
+            else:
+                await self.models.unload(msg.model)
+        except TriremeError as e:
+            err = m.ErrorRecord(int(e.code), e.message)
+        except Exception as e:
+            log.exception("control request failed")
+            err = m.ErrorRecord(int(Code.INTERNAL), str(e))
+        self._send_frontend(identity, m.ControlDone(msg.ctl_id, err))
+
+    # ------------------------------------------------------------------ workers
+    def _send_worker(self, worker_id: str, msg: Any, frames: list[Any] = ()) -> bool:
+        try:
+            self.wsock.send_multipart([worker_id.encode(), *m.encode(msg, frames)], copy=False)
+            return True
+        except zmq.ZMQError as e:
+            log.warning("cannot reach worker %s: %s", worker_id, e)
+            return False
+        finally:
+            self.wreader.kick()
+
+    def _send_batch(self, inst: Instance, batch: m.ExecuteBatch, frames: list[Any]) -> None:
+        if not self._send_worker(inst.worker_id, batch, frames):
+            # The worker is going away; its exit handler fails what it holds.
+            pass
+
+    def _on_worker(self, parts: list[Any]) -> None:
+        msg, _ = m.decode(parts[1:])
+        if isinstance(msg, m.BatchDone):
+            inst = self._workers.get(msg.worker_id)
+            if inst is None:
+                return
+            entry = self.models.models.get(inst.model)
+            batch = inst.inflight.get(msg.batch_id)
+            if batch is not None:
+                n = len(batch)
+                self.metrics.executed(inst.model, inst.version, batch, msg, n)
+                self.metrics.pending(inst.model, inst.version, -n)
+            vs = entry.versions.get(inst.version) if entry else None
+            if vs is not None and vs.queue is not None and inst.worker_id in vs.queue.instances:
+                vs.queue.batch_done(inst, msg.batch_id)
+            else:
+                inst.inflight.pop(msg.batch_id, None)
+        elif isinstance(msg, m.WorkerReady):
+            futs = self._spawning.get(msg.worker_id)
+            if futs and not futs[0].done():
+                futs[0].set_result(msg.pid)
+        elif isinstance(msg, m.ModelLoaded):
+            futs = self._spawning.get(msg.worker_id)
+            if futs and not futs[1].done():
+                futs[1].set_result(msg)
+
+    async def _spawn_instance(self, inst: Instance, config: bytes, model_dir: str, autocomplete: bool):
+        from protos import model_config_pb2 as mc
+        loop = asyncio.get_running_loop()
+        ready, loaded = loop.create_future(), loop.create_future()
+        self._spawning[inst.worker_id] = (ready, loaded)
+        env = {"CUDA_VISIBLE_DEVICES": str(inst.device_id)} if inst.kind == "KIND_GPU" else None
+        handle = ProcessHandle(
+            f"worker {inst.name}", "services.workers.main",
+            ["--scheduler", self.settings.worker_addr, "--worker-id", inst.worker_id,
+             *self.settings.worker_args],
+            on_exit=lambda h, code: self._worker_exited(inst, h, code), env=env)
+        inst.handle = handle
+        try:
+            await handle.start()
+            inst.pid = await asyncio.wait_for(ready, LOAD_TIMEOUT_S)
+            self._send_worker(inst.worker_id, m.LoadModel(
+                inst.model, inst.version, model_dir, config, inst.name, inst.kind,
+                0 if inst.kind == "KIND_GPU" else inst.device_id, autocomplete))
+            reply: m.ModelLoaded = await asyncio.wait_for(loaded, LOAD_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            await handle.stop(1.0)
+            raise TriremeError(Code.INTERNAL, f"instance '{inst.name}' of '{inst.model}' did not "
+                                              f"load within {LOAD_TIMEOUT_S:.0f} s") from None
+        finally:
+            self._spawning.pop(inst.worker_id, None)
+        if reply.error is not None:
+            await handle.stop(5.0)
+            raise TriremeError(reply.error.code, reply.error.message)
+        inst.loaded = True
+        self._by_pid[inst.pid] = inst
+        self._workers[inst.worker_id] = inst
+        return mc.ModelConfig.FromString(reply.config)
+
+    async def _stop_instance(self, inst: Instance) -> None:
+        self._by_pid.pop(inst.pid, None)
+        self._workers.pop(inst.worker_id, None)
+        if inst.handle is not None:
+            await inst.handle.stop()
+
+    async def _worker_exited(self, inst: Instance, handle: ProcessHandle, code: int) -> None:
+        self._by_pid.pop(inst.pid, None)
+        self._workers.pop(inst.worker_id, None)
+        futs = self._spawning.get(inst.worker_id)
+        if futs is not None:
+            for f in futs:
+                if not f.done():
+                    f.set_exception(TriremeError(
+                        Code.INTERNAL, f"instance '{inst.name}' of model '{inst.model}' exited "
+                                       f"with code {code} while loading"))
+            return
+        if handle.stopping or self._stopping:
+            return
+        why = (f"model instance '{inst.name}' of model '{inst.model}' exited unexpectedly "
+               f"(exit code {code}); the request was not completed")
+        entry = self.models.models.get(inst.model)
+        vs = entry.versions.get(inst.version) if entry else None
+        if vs is not None and vs.queue is not None:
+            vs.queue.worker_died(inst, why)
+        if entry is None or inst not in entry.instances or entry.config is None:
+            return
+        # Supervise: bring the instance back with the same config.
+        await asyncio.sleep(RESTART_BACKOFF_S)
+        if self._stopping or inst not in entry.instances:
+            return
+        inst.loaded = False
+        try:
+            await self._spawn_instance(inst, entry.config.SerializeToString(), str(entry.path), False)
+        except TriremeError as e:
+            log.error("restart of %s failed: %s", inst.name, e.message)
+            return
+        if vs is not None and vs.queue is not None and inst in entry.instances:
+            vs.queue.add_instance(inst)
+            log.info("instance %s restarted (pid %d)", inst.name, inst.pid)

@@ -1,0 +1,81 @@
+"""Child processes behind a thin handle: spawn, signal, wait. The scheduler's state machines
+hold handles, never Popen objects, so the OS calls stay in one place."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from typing import Awaitable, Callable
+
+from services.common import shm
+
+log = logging.getLogger("trireme.supervisor")
+
+
+class ProcessHandle:
+    """One child process running ``python -m <module> <args>``."""
+
+    def __init__(self, name: str, module: str, args: list[str],
+                 on_exit: Callable[["ProcessHandle", int], Awaitable[None] | None] | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.module = module
+        self.args = args
+        self.on_exit = on_exit
+        self.env = env
+        self.proc: asyncio.subprocess.Process | None = None
+        self.stopping = False
+        self._waiter: asyncio.Task | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid if self.proc else 0
+
+    async def start(self) -> None:
+        env = dict(os.environ)
+        if self.env:
+            env.update(self.env)
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", self.module, *self.args, "--parent-pid", str(os.getpid()),
+            env=env, stdin=asyncio.subprocess.DEVNULL)
+        self._waiter = asyncio.get_running_loop().create_task(self._wait())
+
+    async def _wait(self) -> None:
+        assert self.proc is not None
+        code = await self.proc.wait()
+        # Whatever the child left in /dev/shm dies with it.
+        for seg in shm.unlink_segments_of(self.proc.pid):
+            log.info("unlinked %s left by %s", seg, self.name)
+        if not self.stopping:
+            (log.warning if code else log.info)("%s (pid %d) exited with code %s",
+                                                self.name, self.proc.pid, code)
+        if self.on_exit is not None:
+            r = self.on_exit(self, code)
+            if asyncio.iscoroutine(r):
+                await r
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    def signal(self, sig: int = signal.SIGTERM) -> None:
+        if self.alive():
+            try:
+                self.proc.send_signal(sig)
+            except ProcessLookupError:
+                pass
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout``; returns once the child is reaped."""
+        self.stopping = True
+        if not self.alive():
+            if self._waiter:
+                await self._waiter
+            return
+        self.signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._waiter), timeout)
+        except asyncio.TimeoutError:
+            self.signal(signal.SIGKILL)
+            await self._waiter

@@ -1,0 +1,250 @@
+"""The worker process: one model instance, one framework, one blocking loop.
+
+    scheduler ──LoadModel / ExecuteBatch / ReleaseOutputs / Shutdown──▶ worker
+    worker ──WorkerReady / ModelLoaded / BatchDone──▶ scheduler
+    worker ──InferResult (+ frames or refs into this worker's output arena)──▶ frontend
+
+The loop is synchronous on purpose: a worker runs one batch at a time, and a framework
+call holds the thread anyway. Inputs are read in place (ZeroMQ frames or the frontend's
+shared memory); outputs above the inline threshold go into this worker's own arena and
+are freed when the consumer sends them back (ReleaseOutputs, via the scheduler).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import zmq
+
+from services.common import messages as m
+from services.common import transport
+from services.common.datatypes import numpy_dtype, deserialize_bytes_tensor, serialize_bytes_tensor
+from services.common.errors import Code, TriremeError
+from services.common.procutil import die_with_parent, set_title
+from services.common.shm import Arena, SegmentMap, ShmUnavailable
+
+log = logging.getLogger("trireme.worker")
+
+INLINE_THRESHOLD = 64 * 1024
+
+
+class Worker:
+    def __init__(self, scheduler_addr: str, worker_id: str, inline_threshold: int = INLINE_THRESHOLD,
+                 use_shm: bool = True) -> None:
+        self.worker_id = worker_id
+        self.sock = transport.socket(zmq.DEALER, identity=worker_id.encode())
+        self.sock.connect(scheduler_addr)
+        self.pushers: dict[str, zmq.Socket] = {}
+        self.segments = SegmentMap()
+        self.arena = Arena("out") if use_shm else None
+        self.inline_threshold = inline_threshold
+        self.backend: Any = None
+        self.model = ""
+        self.running = True
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> None:
+        # 1. announce ourselves; 2. serve messages until Shutdown or a signal.
+        self.sock.send_multipart(m.encode(m.WorkerReady(self.worker_id, os.getpid())))
+        while self.running:
+            try:
+                parts = self.sock.recv_multipart(copy=False)
+            except zmq.ZMQError as e:
+                if e.errno == zmq.EINTR:
+                    continue
+                raise
+            msg, frames = m.decode(parts, for_worker=True)
+            if isinstance(msg, m.ExecuteBatch):
+                self.execute(msg, frames)
+            elif isinstance(msg, m.ReleaseOutputs):
+                self.release(msg.blocks)
+            elif isinstance(msg, m.LoadModel):
+                self.load(msg)
+            elif isinstance(msg, m.Shutdown):
+                self.running = False
+
+    def close(self) -> None:
+        if self.backend is not None:
+            try:
+                self.backend.close()
+            except Exception:
+                log.exception("backend close failed")
+        for s in self.pushers.values():
+            s.close(0)
+        self.sock.close(0)
+        self.segments.close()
+        if self.arena is not None:
+            self.arena.close()
+
+    # ------------------------------------------------------------------ load
+    def load(self, msg: m.LoadModel) -> None:
+        from protos import model_config_pb2 as mc
+        from services.workers.backend import backend_class
+
+        self.model = msg.model
+        set_title(f"trireme worker {msg.instance_name} ({msg.model} v{msg.version})")
+        try:
+            cfg = mc.ModelConfig.FromString(msg.config)
+            cls = backend_class(cfg.backend)
+            self.backend = cls(cfg, msg)
+            reply = m.ModelLoaded(self.worker_id, config=self.backend.config.SerializeToString())
+        except TriremeError as e:
+            reply = m.ModelLoaded(self.worker_id, error=m.ErrorRecord(int(e.code), e.message))
+        except Exception as e:  # a framework's own load error
+            log.exception("load of %s failed", msg.model)
+            reply = m.ModelLoaded(self.worker_id, error=m.ErrorRecord(
+                int(Code.INVALID_ARG), f"failed to load '{msg.model}' version {msg.version}: {e}"))
+        self.sock.send_multipart(m.encode(reply))
+
+    # ------------------------------------------------------------------ execute
+    def _array(self, ref: m.TensorRef, frames: list[Any]) -> np.ndarray:
+        if ref.frame >= 0:
+            buf = frames[ref.frame].buffer
+        else:
+            buf = self.segments.view(ref.segment, ref.offset, ref.nbytes)
+        if ref.datatype == "BYTES":
+            return deserialize_bytes_tensor(buf).reshape(ref.shape)
+        return np.frombuffer(buf, dtype=numpy_dtype(ref.datatype), count=_count(ref.shape)).reshape(ref.shape)
+
+    def execute(self, batch: m.ExecuteBatch, frames: list[Any]) -> None:
+        t0 = time.perf_counter_ns()
+        items = batch.items
+        failed = 0
+        t1 = t2 = t0
+        try:
+            # 1. gather: a single request is used in place; a batch is one copy per input.
+            per_item = [{r.name: self._array(r, frames) for r in it.inputs} for it in items]
+            if len(items) == 1:
+                inputs = per_item[0]
+            else:
+                inputs = {name: np.concatenate([p[name] for p in per_item]) for name in per_item[0]}
+            wanted = _union_outputs(items)
+            t1 = time.perf_counter_ns()
+            # 2. run
+            outputs = self.backend.execute(inputs, wanted)
+            t2 = time.perf_counter_ns()
+            # 3. scatter: split back per request as views, then send each its result.
+            start = 0
+            for it in items:
+                stop = start + it.batch_size
+                if len(items) == 1:
+                    mine = outputs
+                else:
+                    mine = {k: v[start:stop] for k, v in outputs.items()}
+                names = it.outputs or list(mine)
+                self._send_result(it, [(n, mine[n]) for n in names])
+                start = stop
+        except Exception as e:
+            code, text = (e.code, e.message) if isinstance(e, TriremeError) else (Code.INTERNAL, str(e))
+            if not isinstance(e, TriremeError):
+                log.exception("execution failed")
+            err = m.ErrorRecord(int(code), text)
+            for it in items:
+                self._push(it.reply_to, m.InferResult(it.req_id, error=err))
+            failed = len(items)
+        t3 = time.perf_counter_ns()
+        self.sock.send_multipart(m.encode(m.BatchDone(
+            batch.batch_id, self.worker_id, t1 - t0, t2 - t1, t3 - t2, failed)))
+
+    def _send_result(self, item: m.BatchItem, outputs: list[tuple[str, np.ndarray]]) -> None:
+        refs: list[m.TensorRef] = []
+        frames: list[Any] = []
+        for name, arr in outputs:
+            datatype, data = _to_wire(arr)
+            nbytes = len(data)
+            ref = m.TensorRef(name, datatype, list(arr.shape), nbytes)
+            if nbytes >= self.inline_threshold and self.arena is not None:
+                try:
+                    block = self.arena.alloc(nbytes)
+                    block.view[:] = data
+                    ref.segment, ref.offset = block.segment, block.offset
+                except ShmUnavailable as e:
+                    log.warning("output arena unavailable, sending inline: %s", e)
+                    self.arena = None
+            if not ref.segment:
+                ref.frame = len(frames)
+                frames.append(data)
+            refs.append(ref)
+        self._push(item.reply_to, m.InferResult(item.req_id, outputs=refs), frames)
+
+    def _push(self, address: str, msg: m.InferResult, frames: list[Any] = ()) -> None:
+        sock = self.pushers.get(address)
+        if sock is None:
+            sock = transport.socket(zmq.PUSH)
+            sock.connect(address)
+            self.pushers[address] = sock
+        sock.send_multipart(m.encode(msg, frames), copy=False)
+
+    def release(self, blocks: list[tuple[str, int]]) -> None:
+        if self.arena is None:
+            return
+        for segment, offset in blocks:
+            try:
+                self.arena.free(segment, offset)
+            except KeyError:
+                log.warning("release of unknown block %s@%d", segment, offset)
+
+
+def _count(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _union_outputs(items: list[m.BatchItem]) -> list[str]:
+    if any(not it.outputs for it in items):
+        return []
+    seen: dict[str, None] = {}
+    for it in items:
+        for name in it.outputs:
+            seen[name] = None
+    return list(seen)
+
+
+def _to_wire(arr: np.ndarray) -> tuple[str, memoryview | bytes]:
+    """(datatype, raw bytes) of an output: BYTES serialized, others as a byte view."""
+    from services.common.datatypes import datatype_of
+    datatype = datatype_of(arr.dtype)
+    if datatype == "BYTES":
+        return datatype, serialize_bytes_tensor(arr)
+    arr = np.ascontiguousarray(arr)
+    return datatype, memoryview(arr.reshape(-1).view(np.uint8))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="trireme worker")
+    p.add_argument("--scheduler", required=True, help="scheduler worker socket (tcp:// or ipc://)")
+    p.add_argument("--worker-id", required=True)
+    p.add_argument("--inline-threshold", type=int, default=INLINE_THRESHOLD)
+    p.add_argument("--parent-pid", type=int, default=0, help="exit when this process exits")
+    p.add_argument("--no-shm", action="store_true", help="send every tensor inline (no shared host)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
+    set_title(f"trireme worker {args.worker_id}")
+    if args.parent_pid:
+        die_with_parent(args.parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the parent coordinates Ctrl-C
+
+    worker = Worker(args.scheduler, args.worker_id, args.inline_threshold, not args.no_shm)
+
+    def on_term(signum, frame):
+        worker.close()
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        worker.run()
+    finally:
+        worker.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""ONNX Runtime backend: the only module that imports onnxruntime."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from services.common.config import complete_io
+from services.common.errors import Code, TriremeError
+from services.workers.backend import model_path
+
+log = logging.getLogger(__name__)
+
+_ORT_TYPES = {
+    "tensor(bool)": "BOOL", "tensor(uint8)": "UINT8", "tensor(uint16)": "UINT16",
+    "tensor(uint32)": "UINT32", "tensor(uint64)": "UINT64", "tensor(int8)": "INT8",
+    "tensor(int16)": "INT16", "tensor(int32)": "INT32", "tensor(int64)": "INT64",
+    "tensor(float16)": "FP16", "tensor(float)": "FP32", "tensor(double)": "FP64",
+    "tensor(string)": "BYTES", "tensor(bfloat16)": "BF16",
+}
+
+
+def _io(args: list[Any]) -> list[tuple[str, str, list[int]]]:
+    out = []
+    for a in args:
+        datatype = _ORT_TYPES.get(a.type)
+        if datatype is None:
+            raise TriremeError(Code.INVALID_ARG, f"unsupported ONNX type {a.type} for '{a.name}'")
+        shape = [d if isinstance(d, int) and d >= 0 else -1 for d in (a.shape or [])]
+        out.append((a.name, datatype, shape))
+    return out
+
+
+def _int_param(cfg, key: str) -> int | None:
+    p = cfg.parameters.get(key)
+    if p is None or not p.string_value:
+        return None
+    try:
+        return int(p.string_value)
+    except ValueError:
+        raise TriremeError(Code.INVALID_ARG, f"parameter '{key}' must be an integer, got "
+                                             f"'{p.string_value}'") from None
+
+
+class OnnxRuntimeBackend:
+    def __init__(self, cfg, load) -> None:
+        path = model_path(load.model_dir, load.version, cfg.default_model_filename or "model.onnx")
+        if not path.exists():
+            raise TriremeError(Code.INVALID_ARG, f"unable to find '{path}' for model '{cfg.name}'")
+        opts = ort.SessionOptions()
+        # Triton's onnxruntime backend parameter names.
+        intra = _int_param(cfg, "intra_op_thread_count")
+        inter = _int_param(cfg, "inter_op_thread_count")
+        if intra:
+            opts.intra_op_num_threads = intra
+        if inter:
+            opts.inter_op_num_threads = inter
+        providers = ["CPUExecutionProvider"]
+        if load.kind == "KIND_GPU":
+            providers = [("CUDAExecutionProvider", {"device_id": 0}), "CPUExecutionProvider"]
+        self.session = ort.InferenceSession(str(path), opts, providers=providers)
+        if load.kind == "KIND_GPU" and self.session.get_providers()[0] != "CUDAExecutionProvider":
+            # ORT silently falls back to the CPU; a KIND_GPU instance on the CPU is a lie.
+            raise TriremeError(Code.UNAVAILABLE, (
+                f"model '{cfg.name}' asks for KIND_GPU but ONNX Runtime could not use CUDA "
+                f"(available providers: {ort.get_available_providers()}); install "
+                f"\"trireme[onnx-gpu]\" on a machine with a GPU or set KIND_CPU"))
+        inputs = _io(self.session.get_inputs())
+        outputs = _io(self.session.get_outputs())
+        self.config = complete_io(cfg, inputs, outputs) if load.autocomplete else cfg
+        self.output_names = [o[0] for o in outputs]
+        self._string_inputs = {n for n, dt, _ in inputs if dt == "BYTES"}
+
+    def execute(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
+        for name in self._string_inputs & inputs.keys():
+            # ORT string tensors want str objects; the wire gives bytes.
+            inputs[name] = np.vectorize(lambda b: b.decode("utf-8", "replace"), otypes=[object])(
+                inputs[name]) if inputs[name].size else inputs[name]
+        names = outputs or self.output_names
+        try:
+            results = self.session.run(names, inputs)
+        except (ort.capi.onnxruntime_pybind11_state.Fail,
+                ort.capi.onnxruntime_pybind11_state.InvalidArgument,
+                ort.capi.onnxruntime_pybind11_state.RuntimeException) as e:
+            raise TriremeError(Code.INTERNAL, f"onnx runtime error: {e}") from e
+        return dict(zip(names, results))
+
+    def close(self) -> None:
+        self.session = None
+
+
+BACKEND = OnnxRuntimeBackend

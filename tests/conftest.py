@@ -1,0 +1,146 @@
+"""Fixtures that start a real Trireme (scheduler + workers + frontends) on free ports."""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import models  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+START_TIMEOUT_S = 120.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def shm_segments(pids: set[int] | None = None) -> list[str]:
+    names = [n for n in os.listdir("/dev/shm") if n.startswith("trireme-")]
+    if pids is None:
+        return names
+    return [n for n in names if int(n.split("-")[1]) in pids]
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen
+    repo: Path
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    log_path: Path
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def family(self) -> set[int]:
+        """pids of the server and every process it started."""
+        try:
+            p = psutil.Process(self.proc.pid)
+            return {p.pid, *(c.pid for c in p.children(recursive=True))}
+        except psutil.NoSuchProcess:
+            return set()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def _get(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return 0
+
+
+def wait_until(cond, timeout: float, what: str, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def stop_server(srv: Server, timeout: float = 30.0) -> int:
+    """SIGTERM, wait, and check that nothing is left: no process, no /dev/shm segment."""
+    family = srv.family()
+    srv.proc.send_signal(signal.SIGTERM)
+    try:
+        code = srv.proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        for pid in family:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        srv.proc.wait()
+        raise AssertionError(f"server did not stop within {timeout} s\n{srv.log()[-4000:]}")
+    wait_until(lambda: not [p for p in family if psutil.pid_exists(p) and
+                            psutil.Process(p).status() != psutil.STATUS_ZOMBIE],
+               10, "child processes to exit")
+    leaked = shm_segments(family)
+    assert not leaked, f"leaked shared-memory segments: {leaked}"
+    return code
+
+
+@contextlib.contextmanager
+def start_server(repo: Path, *extra: str, ready: bool = True, frontends: int = 1):
+    """Run `trireme serve` on free ports; yields a Server, stops it and checks for leaks."""
+    http, grpc_, metrics = free_port(), free_port(), free_port()
+    log_path = repo.parent / f"server-{http}.log"
+    cmd = [sys.executable, "-m", "services.cli", "serve", "--model-repository", str(repo),
+           "--http-port", str(http), "--grpc-port", str(grpc_), "--metrics-port", str(metrics),
+           "--host", "127.0.0.1", "--frontends", str(frontends), *extra]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    srv = Server(proc, repo, http, grpc_, metrics, log_path)
+    try:
+        want = "/v2/health/ready" if ready else "/v2/health/live"
+        try:
+            wait_until(lambda: proc.poll() is not None or
+                       _get(f"http://{srv.http_url}{want}") == 200, START_TIMEOUT_S, "server start")
+        except TimeoutError:
+            raise AssertionError(f"server not {want}:\n{srv.log()[-4000:]}")
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited with {proc.returncode}:\n{srv.log()[-4000:]}")
+        yield srv
+    finally:
+        if proc.poll() is None:
+            stop_server(srv)
+
+
+@pytest.fixture(scope="session")
+def standard_repo(tmp_path_factory) -> Path:
+    return models.standard_repository(tmp_path_factory.mktemp("repo") / "models")
+
+
+@pytest.fixture(scope="session")
+def server(standard_repo):
+    with start_server(standard_repo) as srv:
+        yield srv

@@ -1,0 +1,105 @@
+"""Model repositories built at test time with the onnx helper API (no binary blobs)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+ONNX_TYPES = {
+    "bool": TensorProto.BOOL, "uint8": TensorProto.UINT8, "uint16": TensorProto.UINT16,
+    "uint32": TensorProto.UINT32, "uint64": TensorProto.UINT64, "int8": TensorProto.INT8,
+    "int16": TensorProto.INT16, "int32": TensorProto.INT32, "int64": TensorProto.INT64,
+    "fp16": TensorProto.FLOAT16, "fp32": TensorProto.FLOAT, "fp64": TensorProto.DOUBLE,
+    "bytes": TensorProto.STRING,
+}
+OPSET = [helper.make_opsetid("", 17)]
+
+
+def _save(graph: onnx.GraphProto, path: Path) -> None:
+    model = helper.make_model(graph, opset_imports=OPSET, producer_name="trireme-tests")
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+
+
+def write_config(model_dir: Path, text: str) -> None:
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.pbtxt").write_text(text)
+
+
+def add_sub(model_dir: Path, *, size: int = 16, dtype: str = "fp32", batch: bool = True,
+            versions: tuple[int, ...] = (1,), offset_per_version: bool = False) -> None:
+    """OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1 (Triton's 'simple' model).
+
+    With offset_per_version, version v adds v-1 to OUTPUT0 so tests can tell versions apart."""
+    t = ONNX_TYPES[dtype]
+    dims = ["batch", size] if batch else [size]
+    for v in versions:
+        nodes = [helper.make_node("Add", ["INPUT0", "INPUT1"], ["sum"]),
+                 helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"])]
+        inits = []
+        if offset_per_version:
+            inits.append(helper.make_tensor("off", t, [], [float(v - 1)]))
+            nodes.append(helper.make_node("Add", ["sum", "off"], ["OUTPUT0"]))
+        else:
+            nodes.append(helper.make_node("Identity", ["sum"], ["OUTPUT0"]))
+        g = helper.make_graph(
+            nodes, "add_sub",
+            [helper.make_tensor_value_info("INPUT0", t, dims),
+             helper.make_tensor_value_info("INPUT1", t, dims)],
+            [helper.make_tensor_value_info("OUTPUT0", t, dims),
+             helper.make_tensor_value_info("OUTPUT1", t, dims)],
+            initializer=inits)
+        _save(g, model_dir / str(v) / "model.onnx")
+
+
+def identity(model_dir: Path, dtype: str) -> None:
+    """INPUT0 -> OUTPUT0 with a dynamic batch dim and one dynamic dim."""
+    t = ONNX_TYPES[dtype]
+    g = helper.make_graph(
+        [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])], "identity",
+        [helper.make_tensor_value_info("INPUT0", t, ["batch", "n"])],
+        [helper.make_tensor_value_info("OUTPUT0", t, ["batch", "n"])])
+    _save(g, model_dir / "1" / "model.onnx")
+
+
+def mlp(model_dir: Path, width: int = 1024, layers: int = 3, seed: int = 0) -> None:
+    """A width x width MLP with ReLU, FP32, dynamic batch (the benchmark model)."""
+    rng = np.random.default_rng(seed)
+    nodes, inits, prev = [], [], "INPUT0"
+    for i in range(layers):
+        w = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+        b = np.zeros(width, np.float32)
+        inits += [helper.make_tensor(f"w{i}", TensorProto.FLOAT, w.shape, w.ravel()),
+                  helper.make_tensor(f"b{i}", TensorProto.FLOAT, b.shape, b)]
+        out = "OUTPUT0" if i == layers - 1 else f"h{i}"
+        nodes += [helper.make_node("MatMul", [prev, f"w{i}"], [f"mm{i}"]),
+                  helper.make_node("Add", [f"mm{i}", f"b{i}"], [f"a{i}"]),
+                  helper.make_node("Relu", [f"a{i}"], [out])]
+        prev = out
+    g = helper.make_graph(
+        nodes, "mlp", [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", width])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", width])],
+        initializer=inits)
+    _save(g, model_dir / "1" / "model.onnx")
+
+
+def tiny(model_dir: Path, width: int = 16, seed: int = 0) -> None:
+    """16 -> 16 MatMul + Add + Relu (the latency benchmark model)."""
+    mlp(model_dir, width=width, layers=1, seed=seed)
+
+
+def standard_repository(root: Path) -> Path:
+    """The repository most end-to-end tests share."""
+    add_sub(root / "add_sub")
+    write_config(root / "add_sub", 'name: "add_sub"\nbackend: "onnxruntime"\nmax_batch_size: 8\n'
+                 'instance_group [{ kind: KIND_CPU, count: 1 }]\n')
+    for dt in ONNX_TYPES:
+        identity(root / f"identity_{dt}", dt)
+        write_config(root / f"identity_{dt}",
+                     'max_batch_size: 8\ninstance_group [{ kind: KIND_CPU, count: 1 }]\n'
+                     'parameters { key: "intra_op_thread_count" value { string_value: "1" } }\n')
+    return root
