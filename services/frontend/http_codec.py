@@ -400,9 +400,8 @@ def decode_load_request(body: Any) -> dict[str, Any]:
             except (binascii.Error, ValueError):
                 raise invalid_arg(f"Unable to parse parameter '{key}': invalid base64 "
                                   f"content") from None
-        else:  # Differs from Triton, which answers 500 "unexpected error on creating ..."
-            raise invalid_arg(f"unexpected load parameter '{key}': expected 'config' or "
-                              f"'file:<version>/<file name>'")
+        else:  # Triton answers 500 "unexpected error on creating Triton parameter"
+            raise invalid_arg(f"unrecognized load parameter '{key}'.")  # as our gRPC
     return out
 
 

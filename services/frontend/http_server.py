@@ -75,8 +75,9 @@ def _not_found() -> web.Response:
     return _error_response(404, "Not Found")
 
 
-class _TooLarge(Exception):
-    pass
+class _BrokenBody(Exception):
+    """The body could not be read (bad gzip/deflate data, broken chunking): 400, and the
+    connection closes since the rest of the body cannot be skipped."""
 
 
 async def _read_body(request: web.Request, limit: int, kind: str) -> bytes:
@@ -98,6 +99,15 @@ async def _read_body(request: web.Request, limit: int, kind: str) -> bytes:
     set_chunk = getattr(content, "set_read_chunk_size", None)
     if set_chunk is not None and (declared is None or declared > 65536):
         set_chunk(min(limit, declared or limit))  # fewer pause/resume cycles on big bodies
+    try:
+        return await _read_chunks(content, declared, encoded, limit, kind)
+    except web.RequestPayloadError as e:
+        detail = str(e).strip().splitlines()[-1].strip()  # "400, message:\n  <text>"
+        raise _BrokenBody(f"failed to read the request body: {detail}") from None
+
+
+async def _read_chunks(content: Any, declared: int | None, encoded: bool, limit: int,
+                       kind: str) -> bytes:
     first = await content.readany()
     if (declared is not None and not encoded and len(first) == declared) or not first:
         return first
@@ -155,6 +165,10 @@ class _Handlers:
             return _not_found()
         except TriremeError as e:
             return _error_response(http_status(e.code), e.message)
+        except _BrokenBody as e:
+            resp = _error_response(400, str(e))
+            resp.force_close()
+            return resp
         except Exception as e:  # noqa: BLE001 - one final answer for every request
             log.exception("HTTP %s %s failed", request.method, path)
             return _error_response(500, f"internal error: {type(e).__name__}: {e}")

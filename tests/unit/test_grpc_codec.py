@@ -44,7 +44,16 @@ def error_of(fn, *args) -> TriremeError:
 
 # ---- decode_infer_request ---------------------------------------------------------------
 
-def test_decode_splits_raw_contents_into_views():
+@pytest.fixture(params=["protobuf", "zero-copy"])
+def wire_path(request, monkeypatch):
+    """Both (de)serialization paths: plain protobuf for small messages, and the zero-copy
+    one used above codec.SMALL_MESSAGE bytes."""
+    if request.param == "zero-copy":
+        monkeypatch.setattr(codec, "SMALL_MESSAGE", 0)
+    return request.param
+
+
+def test_decode_splits_raw_contents_into_views(wire_path):
     a = np.arange(6, dtype=np.float32).tobytes()
     b = b"\x01\x02"
     msg = infer_request(id="r1", inputs=[tensor("A", shape=[6]), tensor("B", "UINT8", [2])],
@@ -52,13 +61,14 @@ def test_decode_splits_raw_contents_into_views():
     msg.parameters["k"].int64_param = 7
     header, raw = codec.decode_infer_request(msg.SerializeToString())
     assert [bytes(r) for r in raw] == [a, b]
-    assert all(isinstance(r, memoryview) for r in raw)
-    assert len(header.raw_input_contents) == 0
+    if wire_path == "zero-copy":
+        assert all(isinstance(r, memoryview) for r in raw)
+        assert len(header.raw_input_contents) == 0
     assert header.id == "r1" and [i.name for i in header.inputs] == ["A", "B"]
     assert header.parameters["k"].int64_param == 7
 
 
-def test_decode_without_raw_and_with_unknown_fields():
+def test_decode_without_raw_and_with_unknown_fields(wire_path):
     msg = infer_request(inputs=[tensor(contents=pb.InferTensorContents(fp32_contents=[1, 2]))])
     # unknown varint field 99 and fixed32 field 98 after a raw entry
     extra = bytes([0x98, 0x06, 0x05]) + bytes([0x95, 0x06]) + b"\0\0\0\0"
@@ -70,21 +80,20 @@ def test_decode_without_raw_and_with_unknown_fields():
     assert [bytes(r) for r in raw] == [b"xyz"] and header.model_name == "m"
 
 
-@pytest.mark.parametrize("data", [b"\x3a\x05ab", b"\x0a", b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff",
-                                  b"\x0b"])
-def test_decode_malformed(data):
+@pytest.mark.parametrize("data", [b"\x3a\x05ab", b"\x0a", b"\xff" * 11, b"\x0b"])
+def test_decode_malformed(data, wire_path):
     with pytest.raises(DecodeError):
         codec.decode_infer_request(data)
 
 
 # ---- request_from_proto: raw and typed inputs ------------------------------------------
 
-def test_raw_inputs_pair_by_position():
+def test_raw_inputs_pair_by_position(wire_path):
     a = np.arange(4, dtype=np.float32).tobytes()
     msg = infer_request(model_version="3", id="x", inputs=[tensor("A", shape=[1, 4]),
                                                            tensor("B", "BYTES", [1])],
                         raw_input_contents=[a, framed(b"hi")])
-    req = codec.request_from_proto(msg)
+    req = codec.request_from_proto(*codec.decode_infer_request(msg.SerializeToString()))
     assert (req.model, req.version, req.id) == ("m", "3", "x")
     assert [(i.name, i.datatype, i.shape) for i in req.inputs] == [
         ("A", "FP32", [1, 4]), ("B", "BYTES", [1])]
@@ -118,7 +127,8 @@ def test_typed_contents(datatype, field, values, np_dtype):
 def test_typed_bytes_contents_are_serialized():
     contents = pb.InferTensorContents(bytes_contents=[b"abc", b"", "héllo".encode()])
     msg = infer_request(inputs=[tensor("S", "BYTES", [3], contents=contents)])
-    assert bytes(codec.request_from_proto(msg).inputs[0].data) == framed(b"abc", b"", "héllo".encode())
+    data = codec.request_from_proto(msg).inputs[0].data
+    assert bytes(data) == framed(b"abc", b"", "héllo".encode())
 
 
 def test_typed_narrow_ints_keep_low_bytes():
@@ -324,11 +334,11 @@ def check_response(msg: pb.ModelInferResponse) -> None:
     assert codec.params_from_proto(msg.parameters) == {"flag": True, "n": 3, "s": "t"}
 
 
-def test_encode_infer_response():
+def test_encode_infer_response(wire_path):
     check_response(pb.ModelInferResponse.FromString(codec.encode_infer_response(core_response())))
 
 
-def test_encode_stream_response_and_error():
+def test_encode_stream_response_and_error(wire_path):
     msg = pb.ModelStreamInferResponse.FromString(codec.encode_stream_response(core_response()))
     assert msg.error_message == ""
     check_response(msg.infer_response)
@@ -494,10 +504,10 @@ def method(ch, name, req_cls, resp_cls):
                           response_deserializer=resp_cls.FromString)
 
 
-def echo_request(model: str, rid: str) -> pb.ModelInferRequest:
+def echo_request(model: str, rid: str, n: int = 2) -> pb.ModelInferRequest:
     return pb.ModelInferRequest(model_name=model, id=rid,
-                                inputs=[tensor("INPUT0", "INT32", [2])],
-                                raw_input_contents=[np.array([1, 2], np.int32).tobytes()])
+                                inputs=[tensor("INPUT0", "INT32", [n])],
+                                raw_input_contents=[np.arange(1, n + 1, dtype="<i4").tobytes()])
 
 
 def test_service_unary_rpcs():
@@ -508,7 +518,11 @@ def test_service_unary_rpcs():
         assert (await md(pb.ServerMetadataRequest())).name == "trireme"
         infer = method(ch, "ModelInfer", pb.ModelInferRequest, pb.ModelInferResponse)
         resp = await infer(echo_request("m", "abc"))
-        assert resp.id == "abc" and resp.raw_output_contents[0] == np.array([1, 2], np.int32).tobytes()
+        assert resp.id == "abc"
+        assert resp.raw_output_contents[0] == np.array([1, 2], np.int32).tobytes()
+        big = echo_request("m", "big", n=100_000)                     # the zero-copy path
+        resp = await infer(big)
+        assert resp.raw_output_contents == big.raw_input_contents
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await infer(echo_request("nope", ""))
         assert info.value.code() == grpc.StatusCode.NOT_FOUND
@@ -529,7 +543,7 @@ def test_service_unary_rpcs():
         assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
         health = ch.unary_unary("/grpc.health.v1.Health/Check")
         assert await health(b"") == b"\x08\x01"
-        assert dp.released == 1
+        assert dp.released == 2
     run_with_server(body)
 
 
@@ -541,7 +555,7 @@ def test_stream_keeps_order_and_survives_errors():
         call = stream()
         await call.write(echo_request("slow", "0"))       # held until the gate opens
         for i, model in enumerate(["m", "nope", "m"], start=1):
-            await call.write(echo_request(model, str(i)))
+            await call.write(echo_request(model, str(i), n=2 if i < 3 else 100_000))
         await dp.fast_done.wait()   # the later requests finished first; order must not change
         dp.gate.set()
         await call.done_writing()
@@ -549,6 +563,8 @@ def test_stream_keeps_order_and_survives_errors():
         assert [r.infer_response.id for r in got] == ["0", "1", "2", "3"]
         assert [r.error_message for r in got] == [
             "", "", "Request for unknown model: 'nope' is not found", ""]
+        assert got[3].infer_response.raw_output_contents[0] == np.arange(
+            1, 100_001, dtype="<i4").tobytes()
         assert await call.code() == grpc.StatusCode.OK
         assert dp.released == 3
     run_with_server(body)
