@@ -46,6 +46,7 @@ class ModelEntry:
     reason: str = ""
     info: m.ModelInfo | None = None           # cached answer for frontends
     instances: list[Instance] = field(default_factory=list)
+    fingerprint: str = ""                     # repository.fingerprint() when last (re)loaded
 
     def ready_version(self, version: int) -> VersionState | None:
         if version == 0:
@@ -91,6 +92,8 @@ class ModelManager:
         self.config_name = config_name
         self.disable_autocomplete = disable_autocomplete
         self._locks: dict[str, asyncio.Lock] = {}
+        self._starting: list[ModelEntry] = []    # loads in progress: not in self.models yet
+        self._closing = False
 
     # ---------------------------------------------------------------- repository
     def scan(self) -> dict[str, repo.ModelSource]:
@@ -131,6 +134,8 @@ class ModelManager:
     async def load(self, name: str, override: Any = None, files: dict[str, bytes] | None = None) -> None:
         lock = self._locks.setdefault(name, asyncio.Lock())
         async with lock:
+            if self._closing:
+                raise TriremeError(Code.UNAVAILABLE, f"failed to load '{name}': server is shutting down")
             await self._load(name, override)
 
     async def _load(self, name: str, override: Any) -> None:
@@ -139,7 +144,8 @@ class ModelManager:
         if old is None or old.path is None:
             raise TriremeError(Code.INVALID_ARG, f"failed to load '{name}', failed to poll from "
                                                  "model repository")
-        new = ModelEntry(name, old.path)
+        new = ModelEntry(name, old.path, fingerprint=repo.fingerprint(old.path))
+        old.fingerprint = new.fingerprint   # a failed load is retried only when files change
         try:
             cfg = override if override is not None else cfgmod.load_config(old.path, self.config_name)
             if not self.disable_autocomplete:
@@ -159,12 +165,19 @@ class ModelManager:
             old.versions = {v: VersionState(v) for v in versions}
             old.info = None
             self.changed([name])
+        # Until it is READY the new entry is only here: shutdown() must see its workers too.
+        self._starting.append(new)
         try:
             cfg = await self._start_instances(new, cfg, versions)
         except TriremeError as e:
             await self._stop_all(new)
             self._set_failed(old, e.message)
             raise
+        except BaseException:   # cancelled (shutdown): no worker of this load may outlive it
+            await self._stop_all(new)
+            raise
+        finally:
+            self._starting.remove(new)
         new.config = cfg
         for v, vs in new.versions.items():
             vs.state = READY
@@ -250,6 +263,25 @@ class ModelManager:
         await asyncio.gather(*(self.stop_instance(i) for i in entry.instances), return_exceptions=True)
         entry.instances.clear()
 
+    async def poll(self) -> None:
+        """One poll-mode pass: load new or changed models, unload removed ones.
+
+        A failed reload keeps the old version serving (see _set_failed)."""
+        sources = self.scan()
+        for name, src in sorted(sources.items()):
+            e = self.models.get(name)
+            loaded = e is not None and (e.versions or e.state == UNAVAILABLE)
+            if loaded and e.fingerprint == repo.fingerprint(src.path):
+                continue
+            try:
+                await self.load(name)
+            except TriremeError as err:
+                log.error("poll: '%s' failed to load: %s", name, err.message)
+        for name in [n for n, e in self.models.items() if n not in sources and e.versions]:
+            await self.unload(name)
+            self.models.pop(name, None)
+            self.changed([name])
+
     def find_instance(self, worker_id: str) -> tuple[ModelEntry, Instance] | None:
         for e in self.models.values():
             for inst in e.instances:
@@ -258,4 +290,6 @@ class ModelManager:
         return None
 
     async def shutdown(self) -> None:
-        await asyncio.gather(*(self._stop_all(e) for e in self.models.values()), return_exceptions=True)
+        self._closing = True
+        entries = [*self.models.values(), *self._starting]
+        await asyncio.gather(*(self._stop_all(e) for e in entries), return_exceptions=True)

@@ -99,9 +99,21 @@ class Scheduler:
                 log.error("model '%s' failed to load: %s", n, r)
         self.ready = True
         self._changed([])
+        if self.settings.control_mode == "poll":
+            self._poller = asyncio.get_running_loop().create_task(self._poll_forever())
+
+    async def _poll_forever(self) -> None:
+        while not self._stopping:
+            await asyncio.sleep(self.settings.repository_poll_secs)
+            try:
+                await self.models.poll()
+            except Exception:
+                log.exception("repository poll failed")
 
     async def stop(self) -> None:
         self._stopping = True
+        if getattr(self, "_poller", None) is not None:
+            self._poller.cancel()
         await self.models.shutdown()
         if self.metrics_runner is not None:
             await self.metrics_runner.cleanup()
