@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from services.common.procutil import set_title
+from services.common.shm import DEFAULT_INLINE_THRESHOLD
 
 log = logging.getLogger("trireme")
 
@@ -56,7 +57,8 @@ def _scheduler_settings(args: argparse.Namespace, frontend_addr: str, worker_add
         disable_autocomplete=args.disable_auto_complete_config,
         strict_readiness=args.strict_readiness, metrics_port=args.metrics_port,
         allow_metrics=args.allow_metrics, host=host,
-        worker_args=["--no-shm"] if getattr(args, "no_shm", False) else [])
+        worker_args=(["--no-shm"] if getattr(args, "no_shm", False) else [])
+        + ["--inline-threshold", str(args.inline_threshold)])
 
 
 async def _run_scheduler(settings, frontend_cmds: list[list[str]], exit_timeout: float) -> int:
@@ -147,7 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     sched.add_argument("--frontend-addr", default="tcp://0.0.0.0:8010")
     sched.add_argument("--worker-addr", default="tcp://127.0.0.1:8011")
     sched.add_argument("--host", default="0.0.0.0")
-    sched.add_argument("--no-shm", action="store_true")
+    sched.add_argument("--no-shm", action="store_true",
+                       help="workers send every tensor inline (frontends on other hosts)")
+    sched.add_argument("--inline-threshold", type=int, default=DEFAULT_INLINE_THRESHOLD,
+                       help="outputs smaller than this travel inline, larger ones in shared memory")
     sched.set_defaults(func=cmd_scheduler)
 
     sub.add_parser("frontend", help="one frontend (see trireme frontend --help)", add_help=False)

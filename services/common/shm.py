@@ -30,6 +30,12 @@ _NAME_RE = re.compile(r"^trireme-(\d+)-[A-Za-z0-9_.]+-\d+$")
 _counter = itertools.count()  # per process, so two arenas of one role never collide
 
 
+# Below this many bytes a tensor travels inline as a ZeroMQ frame; above it, through shared
+# memory. Measured with benchmarks/inline_threshold.py (docs/benchmarks.md): inline wins up
+# to ~96 KiB, the two tie up to ~192 KiB, shared memory wins above (2x at 1 MiB, 4x at 4 MiB).
+DEFAULT_INLINE_THRESHOLD = 128 * 1024
+
+
 class ShmUnavailable(Exception):
     """No shared memory can be had; the caller falls back to sending bytes inline."""
 

@@ -48,6 +48,7 @@ class DataPlane:
         self._generation = 0
         self._scheduler_ready = False
         self._arena: Arena | None = Arena("in") if settings.use_shm else None
+        self._shm_ok = self._arena is not None
         self._segments = SegmentMap()
         self.result_addr = settings.result_addr
 
@@ -206,6 +207,7 @@ class DataPlane:
         frames: list[Any] = []
         blocks: list[Any] = []
         req_id = next(self._ids)
+        fut = None
         try:
             for t in req.inputs:
                 if t.data is None:
@@ -214,7 +216,7 @@ class DataPlane:
                                        f"Unable to find system shared memory region: '{region}'")
                 nbytes = len(t.data) if not isinstance(t.data, memoryview) else t.data.nbytes
                 ref = m.TensorRef(t.name, t.datatype, list(t.shape), nbytes)
-                if nbytes >= self.settings.inline_threshold and self._arena is not None:
+                if nbytes >= self.settings.inline_threshold and self._shm_ok:
                     try:
                         block = self._arena.alloc(nbytes)
                         block.view[:] = t.data
@@ -222,7 +224,7 @@ class DataPlane:
                         ref.segment, ref.offset = block.segment, block.offset
                     except ShmUnavailable as e:
                         log.warning("input arena unavailable, sending tensors inline: %s", e)
-                        self._arena = None
+                        self._shm_ok = False   # keep the arena: in-flight blocks still need freeing
                 if not ref.segment:
                     ref.frame = len(frames)
                     frames.append(t.data)
@@ -233,11 +235,18 @@ class DataPlane:
             fut = asyncio.get_running_loop().create_future()
             self._pending[req_id] = fut
             self._send(msg, frames)
-            result, rframes = await fut
+            result, rframes = await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            if fut is not None and not fut.done():
+                # The caller went away, but a worker may still be reading our input blocks:
+                # free them, and hand back its outputs, only once its result arrives.
+                fut.add_done_callback(lambda f: self._abandoned(f, blocks))
+                blocks = []
+            raise
         finally:
-            self._pending.pop(req_id, None)
-            for b in blocks:
-                self._arena.free(b.segment, b.offset) if self._arena else None
+            if fut is None or fut.done():
+                self._pending.pop(req_id, None)
+            self._free_inputs(blocks)
         if result.error is not None:
             raise _error(result.error)
         resp = CoreResponse(req.model, str(version), req.id, parameters=result.parameters, keep=rframes)
@@ -249,6 +258,17 @@ class DataPlane:
                 resp.blocks.append((ref.segment, ref.offset))
             resp.outputs.append(OutputTensor(ref.name, ref.datatype, ref.shape, data))
         return resp
+
+    def _free_inputs(self, blocks: list[Any]) -> None:
+        if self._arena is not None:
+            for b in blocks:
+                self._arena.free(b.segment, b.offset)
+
+    def _abandoned(self, fut: asyncio.Future, blocks: list[Any]) -> None:
+        self._free_inputs(blocks)
+        if not fut.cancelled() and fut.exception() is None:
+            result, _ = fut.result()
+            self._release_refs(result.outputs)
 
     def release(self, resp: CoreResponse) -> None:
         if resp.blocks:

@@ -9,6 +9,7 @@ import signal
 import sys
 
 from services.common.procutil import die_with_parent, set_title
+from services.common.shm import DEFAULT_INLINE_THRESHOLD
 from services.frontend.dataplane import DataPlane
 from services.frontend.settings import DEFAULT_HTTP_MAX_INPUT_SIZE, FrontendSettings
 
@@ -49,7 +50,7 @@ def add_frontend_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--http-max-input-size", type=int, default=DEFAULT_HTTP_MAX_INPUT_SIZE)
     p.add_argument("--server-name", default="trireme",
                    help='name reported by server metadata ("triton" for Triton test suites)')
-    p.add_argument("--inline-threshold", type=int, default=64 * 1024,
+    p.add_argument("--inline-threshold", type=int, default=DEFAULT_INLINE_THRESHOLD,
                    help="tensors smaller than this travel inline, larger ones in shared memory")
     p.add_argument("--no-shm", action="store_true",
                    help="send every tensor inline (processes on different hosts)")

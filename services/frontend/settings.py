@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.common.shm import DEFAULT_INLINE_THRESHOLD
+
 DEFAULT_HTTP_MAX_INPUT_SIZE = 64 * 1024 * 1024
 
 
@@ -22,7 +24,7 @@ class FrontendSettings:
     server_name: str = "trireme"
     """Name in server metadata; "triton" for test suites written against Triton."""
     server_version: str = "0.1.0"
-    inline_threshold: int = 64 * 1024
+    inline_threshold: int = DEFAULT_INLINE_THRESHOLD
     """Tensors smaller than this travel as ZeroMQ frames instead of shared memory."""
     use_shm: bool = True
     """Place large tensors in shared memory (off when processes do not share a host)."""

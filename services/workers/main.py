@@ -27,15 +27,14 @@ from services.common import transport
 from services.common.datatypes import numpy_dtype, deserialize_bytes_tensor, serialize_bytes_tensor
 from services.common.errors import Code, TriremeError
 from services.common.procutil import die_with_parent, set_title
-from services.common.shm import Arena, SegmentMap, ShmUnavailable
+from services.common.shm import DEFAULT_INLINE_THRESHOLD, Arena, SegmentMap, ShmUnavailable
 
 log = logging.getLogger("trireme.worker")
 
-INLINE_THRESHOLD = 64 * 1024
 
 
 class Worker:
-    def __init__(self, scheduler_addr: str, worker_id: str, inline_threshold: int = INLINE_THRESHOLD,
+    def __init__(self, scheduler_addr: str, worker_id: str, inline_threshold: int = DEFAULT_INLINE_THRESHOLD,
                  use_shm: bool = True) -> None:
         self.worker_id = worker_id
         self.sock = transport.socket(zmq.DEALER, identity=worker_id.encode())
@@ -43,6 +42,7 @@ class Worker:
         self.pushers: dict[str, zmq.Socket] = {}
         self.segments = SegmentMap()
         self.arena = Arena("out") if use_shm else None
+        self.shm_ok = self.arena is not None
         self.inline_threshold = inline_threshold
         self.backend: Any = None
         self.model = ""
@@ -159,14 +159,14 @@ class Worker:
             datatype, data = _to_wire(arr)
             nbytes = len(data)
             ref = m.TensorRef(name, datatype, list(arr.shape), nbytes)
-            if nbytes >= self.inline_threshold and self.arena is not None:
+            if nbytes >= self.inline_threshold and self.shm_ok:
                 try:
                     block = self.arena.alloc(nbytes)
                     block.view[:] = data
                     ref.segment, ref.offset = block.segment, block.offset
                 except ShmUnavailable as e:
                     log.warning("output arena unavailable, sending inline: %s", e)
-                    self.arena = None
+                    self.shm_ok = False   # keep the arena: blocks in use still get released
             if not ref.segment:
                 ref.frame = len(frames)
                 frames.append(data)
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="trireme worker")
     p.add_argument("--scheduler", required=True, help="scheduler worker socket (tcp:// or ipc://)")
     p.add_argument("--worker-id", required=True)
-    p.add_argument("--inline-threshold", type=int, default=INLINE_THRESHOLD)
+    p.add_argument("--inline-threshold", type=int, default=DEFAULT_INLINE_THRESHOLD)
     p.add_argument("--parent-pid", type=int, default=0, help="exit when this process exits")
     p.add_argument("--no-shm", action="store_true", help="send every tensor inline (no shared host)")
     args = p.parse_args(argv)
