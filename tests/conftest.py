@@ -59,11 +59,14 @@ class Server:
 
     def family(self) -> set[int]:
         """pids of the server and every process it started."""
-        try:
-            p = psutil.Process(self.proc.pid)
-            return {p.pid, *(c.pid for c in p.children(recursive=True))}
-        except psutil.NoSuchProcess:
-            return set()
+        for _ in range(5):   # a child may exit while the tree is walked: walk again
+            try:
+                p = psutil.Process(self.proc.pid)
+                return {p.pid, *(c.pid for c in p.children(recursive=True))}
+            except psutil.NoSuchProcess:
+                if not psutil.pid_exists(self.proc.pid):
+                    return set()
+        return {self.proc.pid}
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

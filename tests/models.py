@@ -103,3 +103,29 @@ def standard_repository(root: Path) -> Path:
                      'max_batch_size: 8\ninstance_group [{ kind: KIND_CPU, count: 1 }]\n'
                      'parameters { key: "intra_op_thread_count" value { string_value: "1" } }\n')
     return root
+
+
+def slow(model_dir: Path, width: int = 256, layers: int = 400) -> None:
+    """INPUT0 FP32 [rows, width] -> `layers` chained MatMuls with the identity matrix
+    (OUTPUT0 == INPUT0). About 1 ms per row on one CPU thread at the defaults, so the
+    number of rows sets how long a request runs (fault and shutdown tests)."""
+    w = np.eye(width, dtype=np.float32)
+    nodes, prev = [], "INPUT0"
+    for i in range(layers):
+        out = "OUTPUT0" if i == layers - 1 else f"h{i}"
+        nodes.append(helper.make_node("MatMul", [prev, "w"], [out]))
+        prev = out
+    g = helper.make_graph(
+        nodes, "slow", [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["rows", width])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["rows", width])],
+        initializer=[helper.make_tensor("w", TensorProto.FLOAT, w.shape, w.ravel())])
+    _save(g, model_dir / "1" / "model.onnx")
+
+
+def slow_config(width: int = 256) -> str:
+    """config.pbtxt for `slow`: no batching, one instance, one intra-op thread. Inputs and
+    outputs are written out, or auto-complete would turn max_batch_size 0 into 4."""
+    return ("max_batch_size: 0\ninstance_group [{ kind: KIND_CPU, count: 1 }]\n"
+            f'input [{{ name: "INPUT0", data_type: TYPE_FP32, dims: [-1, {width}] }}]\n'
+            f'output [{{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [-1, {width}] }}]\n'
+            'parameters { key: "intra_op_thread_count" value { string_value: "1" } }\n')

@@ -160,6 +160,7 @@ class ControlDone(_Msg):
 class RepositoryChanged(_Msg):
     models: list[str]              # names whose state or config changed; empty: all
     server_ready: bool = False     # the scheduler's readiness (initial load done, strict rules)
+    dead_pids: list[int] = []      # workers that exited: unmap their segments
 
 
 # ---------------------------------------------------------------- scheduler <-> worker

@@ -279,6 +279,12 @@ class SegmentMap:
         for entry in entries:
             self._unmap(entry)
 
+    def forget_owner(self, pid: int) -> None:
+        """Unmap every segment of process ``pid`` (it exited; its names are unlinked)."""
+        prefix = f"{PREFIX}{pid}-"
+        for name in [n for n in list(self._maps) if n.startswith(prefix)]:
+            self.forget(name)
+
     def __contains__(self, segment: str) -> bool:
         return segment in self._maps
 

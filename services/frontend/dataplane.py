@@ -93,6 +93,8 @@ class DataPlane:
         elif isinstance(msg, m.RepositoryChanged):
             self._generation += 1
             self._scheduler_ready = msg.server_ready
+            for pid in msg.dead_pids:
+                self._segments.forget_owner(pid)
             if msg.models:
                 for name in msg.models:
                     self._models.pop(name, None)

@@ -10,8 +10,11 @@ import asyncio
 import itertools
 import json
 import logging
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
 from protos import model_config_pb2 as mc
@@ -47,6 +50,7 @@ class ModelEntry:
     info: m.ModelInfo | None = None           # cached answer for frontends
     instances: list[Instance] = field(default_factory=list)
     fingerprint: str = ""                     # repository.fingerprint() when last (re)loaded
+    override_dir: Path | None = None          # temp model dir of a load's "file:" parameters
 
     def ready_version(self, version: int) -> VersionState | None:
         if version == 0:
@@ -94,6 +98,7 @@ class ModelManager:
         self._locks: dict[str, asyncio.Lock] = {}
         self._starting: list[ModelEntry] = []    # loads in progress: not in self.models yet
         self._closing = False
+        self._stops: dict[str, asyncio.Future] = {}   # worker_id -> its one stop in progress
 
     # ---------------------------------------------------------------- repository
     def scan(self) -> dict[str, repo.ModelSource]:
@@ -102,7 +107,9 @@ class ModelManager:
             e = self.models.setdefault(name, ModelEntry(name))
             e.state, e.reason = UNAVAILABLE, why
         for name, src in sources.items():
-            self.models.setdefault(name, ModelEntry(name, src.path)).path = src.path
+            e = self.models.setdefault(name, ModelEntry(name, src.path))
+            if e.override_dir is None:   # a model loaded from "file:" parameters stays there
+                e.path = src.path
         return sources
 
     def index(self, ready_only: bool) -> list[m.IndexEntry]:
@@ -136,25 +143,29 @@ class ModelManager:
         async with lock:
             if self._closing:
                 raise TriremeError(Code.UNAVAILABLE, f"failed to load '{name}': server is shutting down")
-            await self._load(name, override)
+            await self._load(name, override, files or {})
 
-    async def _load(self, name: str, override: Any) -> None:
-        self.scan()
+    async def _load(self, name: str, override: Any, files: dict[str, bytes]) -> None:
+        src = self.scan().get(name)
         old = self.models.get(name)
-        if old is None or old.path is None:
+        if old is None or src is None:
             raise TriremeError(Code.INVALID_ARG, f"failed to load '{name}', failed to poll from "
                                                  "model repository")
-        new = ModelEntry(name, old.path, fingerprint=repo.fingerprint(old.path))
+        # (old.path is the override dir when the model was last loaded from "file:" parameters)
+        new = ModelEntry(name, src.path, fingerprint=repo.fingerprint(src.path))
         old.fingerprint = new.fingerprint   # a failed load is retried only when files change
         try:
-            cfg = override if override is not None else cfgmod.load_config(old.path, self.config_name)
+            if files:   # Triton's override model directory: these files, not the repository's
+                new.path = new.override_dir = _write_override(name, files)
+            cfg = override if override is not None else cfgmod.load_config(src.path, self.config_name)
             if not self.disable_autocomplete:
-                cfg = cfgmod.autocomplete(cfg, old.path, name)
+                cfg = cfgmod.autocomplete(cfg, new.path, name)
             elif not cfg.name:
                 cfg.name = name
             cfgmod.validate(cfg, require_io=False)
-            versions = repo.select_versions(cfg, repo.available_versions(old.path))
+            versions = repo.select_versions(cfg, repo.available_versions(new.path))
         except TriremeError as e:
+            _drop_override(new)
             self._set_failed(old, e.message)
             raise
         for v in versions:
@@ -171,10 +182,12 @@ class ModelManager:
             cfg = await self._start_instances(new, cfg, versions)
         except TriremeError as e:
             await self._stop_all(new)
+            _drop_override(new)
             self._set_failed(old, e.message)
             raise
         except BaseException:   # cancelled (shutdown): no worker of this load may outlive it
             await self._stop_all(new)
+            _drop_override(new)
             raise
         finally:
             self._starting.remove(new)
@@ -219,6 +232,8 @@ class ModelManager:
         cfgmod.normalize(completed)
         cfgmod.validate(completed)
         blob = completed.SerializeToString()
+        if self._closing:   # shutdown began while the first instance loaded: start no more
+            raise TriremeError(Code.UNAVAILABLE, f"failed to load '{entry.name}': server is shutting down")
         rest = [make(v, g, i) for v, g, i in plan[1:]]
         results = await asyncio.gather(
             *(self.spawn_instance(inst, blob, str(entry.path), False) for inst in rest),
@@ -243,7 +258,8 @@ class ModelManager:
             e.info = None
             self.changed([name])
             await self._retire(e, "unloaded")
-            self.models[name] = ModelEntry(name, e.path, versions={
+            path = e.path if e.override_dir is None else None   # scan() finds the repository's
+            self.models[name] = ModelEntry(name, path, versions={
                 v: VersionState(v, UNAVAILABLE, "unloaded") for v in e.versions})
             self.changed([name])
 
@@ -258,10 +274,23 @@ class ModelManager:
                 break
             await asyncio.sleep(0.05)
         await self._stop_all(entry)
+        _drop_override(entry)
 
     async def _stop_all(self, entry: ModelEntry) -> None:
-        await asyncio.gather(*(self.stop_instance(i) for i in entry.instances), return_exceptions=True)
-        entry.instances.clear()
+        insts = list(entry.instances)
+        await asyncio.gather(*(self._stop(i) for i in insts), return_exceptions=True)
+        stopped = {id(i) for i in insts}
+        entry.instances[:] = [i for i in entry.instances if id(i) not in stopped]
+
+    def _stop(self, inst: Instance) -> asyncio.Future:
+        """Stop an instance once. A second caller (a cancelled load cleaning up while
+        shutdown() stops the same workers) waits for the same stop: a second SIGTERM can
+        land inside the worker's SIGTERM handler and deadlock it (services/workers/main.py)."""
+        fut = self._stops.get(inst.worker_id)
+        if fut is None:
+            fut = self._stops[inst.worker_id] = asyncio.ensure_future(self.stop_instance(inst))
+            fut.add_done_callback(lambda _f, k=inst.worker_id: self._stops.pop(k, None))
+        return asyncio.shield(fut)
 
     async def poll(self) -> None:
         """One poll-mode pass: load new or changed models, unload removed ones.
@@ -293,3 +322,40 @@ class ModelManager:
         self._closing = True
         entries = [*self.models.values(), *self._starting]
         await asyncio.gather(*(self._stop_all(e) for e in entries), return_exceptions=True)
+        # Loads still in progress (explicit-mode requests are not cancelled) fail now that
+        # their workers are gone and stop whatever they started; wait for them, bounded.
+        for _ in range(200):
+            if not self._starting and not self._stops:
+                break
+            await asyncio.sleep(0.05)
+        for e in self.models.values():
+            _drop_override(e)
+
+
+def _write_override(name: str, files: dict[str, bytes]) -> Path:
+    """The "file:<version>/<name>" load parameters as a model directory of their own
+    (a temp dir, removed when the model is unloaded or fails to load)."""
+    root = Path(tempfile.mkdtemp(prefix=f"trireme-{os.getpid()}-model-"))
+    model_dir = root / name
+    try:
+        for key, data in files.items():
+            rel = PurePosixPath(key.removeprefix("file:"))
+            if rel.is_absolute() or not rel.parts or ".." in rel.parts:
+                raise TriremeError(Code.INVALID_ARG, f"failed to load '{name}': invalid file "
+                                                     f"parameter '{key}'")
+            dest = model_dir.joinpath(*rel.parts)
+            try:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_bytes(data)
+            except OSError as e:
+                raise TriremeError(Code.INTERNAL, f"failed to load '{name}': cannot write "
+                                                  f"'{key}': {e.strerror}") from None
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    return model_dir
+
+
+def _drop_override(entry: ModelEntry) -> None:
+    if entry.override_dir is not None:
+        shutil.rmtree(entry.override_dir.parent, ignore_errors=True)

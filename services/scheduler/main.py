@@ -163,12 +163,12 @@ class Scheduler:
                    for e in self.models.models.values() if e.versions and
                    any(v.reason != "unloaded" for v in e.versions.values()))
 
-    def _changed(self, names: list[str]) -> None:
+    def _changed(self, names: list[str], dead_pids: list[int] | None = None) -> None:
         if not hasattr(self, "fsock"):
             return
-        ready = self.server_ready()
+        msg = m.RepositoryChanged(names, self.server_ready(), dead_pids or [])
         for identity in list(self.frontends):
-            self._send_frontend(identity, m.RepositoryChanged(names, ready))
+            self._send_frontend(identity, msg)
 
     def _infer(self, identity: bytes, req: m.InferRequest, frames: list[Any]) -> None:
         entry = self.models.models.get(req.model)
@@ -290,6 +290,19 @@ class Scheduler:
         self._workers[inst.worker_id] = inst
         return mc.ModelConfig.FromString(reply.config)
 
+    def _instance_lost(self, entry: Any, inst: Instance, reason: str) -> None:
+        """An instance that cannot come back: with none left, the version is UNAVAILABLE and
+        what waits for it fails now instead of waiting forever."""
+        if inst in entry.instances:
+            entry.instances.remove(inst)
+        vs = entry.versions.get(inst.version)
+        if vs is None or vs.queue is None or vs.queue.instances:
+            return
+        vs.state, vs.reason = "UNAVAILABLE", reason
+        vs.queue.fail_queued(Code.UNAVAILABLE, f"'{inst.model}' version {inst.version} is not at ready state")
+        entry.info = None
+        self._changed([inst.model])
+
     async def _stop_instance(self, inst: Instance) -> None:
         self._by_pid.pop(inst.pid, None)
         self._workers.pop(inst.worker_id, None)
@@ -299,6 +312,8 @@ class Scheduler:
     async def _worker_exited(self, inst: Instance, handle: ProcessHandle, code: int) -> None:
         self._by_pid.pop(inst.pid, None)
         self._workers.pop(inst.worker_id, None)
+        # Frontends unmap the dead worker's output segments (unlinked already by the supervisor).
+        self._changed([inst.model], dead_pids=[handle.pid])
         futs = self._spawning.get(inst.worker_id)
         if futs is not None:
             for f in futs:
@@ -326,6 +341,7 @@ class Scheduler:
             await self._spawn_instance(inst, entry.config.SerializeToString(), str(entry.path), False)
         except TriremeError as e:
             log.error("restart of %s failed: %s", inst.name, e.message)
+            self._instance_lost(entry, inst, e.message)
             return
         if vs is not None and vs.queue is not None and inst in entry.instances:
             vs.queue.add_instance(inst)

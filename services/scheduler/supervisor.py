@@ -68,6 +68,9 @@ class ProcessHandle:
 
     async def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM, then SIGKILL after ``timeout``; returns once the child is reaped."""
+        if self.stopping and self._waiter is not None:   # a stop is already under way
+            await asyncio.shield(self._waiter)
+            return
         self.stopping = True
         if not self.alive():
             if self._waiter:

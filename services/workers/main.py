@@ -235,8 +235,10 @@ def main(argv: list[str] | None = None) -> int:
     worker = Worker(args.scheduler, args.worker_id, args.inline_threshold, not args.no_shm)
 
     def on_term(signum, frame):
-        worker.close()
-        sys.exit(0)
+        # Cleanup runs once, in the finally below: close() takes locks a second signal
+        # arriving inside it could never re-enter.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, on_term)
     try:
