@@ -76,8 +76,7 @@ def scan(repositories: list[Path]) -> tuple[dict[str, ModelSource], dict[str, st
                 continue
             if name in found:
                 del found[name]
-                dups[name] = DUPLICATE_REASON
-                log.error(DUPLICATE_POLL_ERROR.format(name=name))
+                dups[name] = DUPLICATE_REASON   # the caller logs it, once
                 continue
             found[name] = ModelSource(name, repo / name)
     return found, dups

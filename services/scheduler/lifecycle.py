@@ -105,6 +105,8 @@ class ModelManager:
         sources, duplicates = repo.scan(self.repositories)
         for name, why in duplicates.items():
             e = self.models.setdefault(name, ModelEntry(name))
+            if e.reason != why:
+                log.error(repo.DUPLICATE_POLL_ERROR.format(name=name))
             e.state, e.reason = UNAVAILABLE, why
         for name, src in sources.items():
             e = self.models.setdefault(name, ModelEntry(name, src.path))
