@@ -21,6 +21,7 @@ import weakref
 from typing import NamedTuple
 
 from services.common.errors import internal
+from services.common.procutil import pid_alive
 
 SHM_DIR = "/dev/shm"
 PREFIX = "trireme-"
@@ -341,14 +342,6 @@ def unlink_segments_of(pid: int) -> list[str]:
             if _owner_pid(name) == pid and _unlink(name)]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, belongs to another user
-    return True
 
 
 def sweep_stale() -> list[str]:
@@ -357,7 +350,7 @@ def sweep_stale() -> list[str]:
     removed = []
     for name in _listdir():
         pid = _owner_pid(name)
-        if pid is not None and pid != me and not _alive(pid) and _unlink(name):
+        if pid is not None and pid != me and not pid_alive(pid) and _unlink(name):
             removed.append(name)
     return removed
 
