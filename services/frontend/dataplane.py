@@ -42,6 +42,7 @@ class DataPlane:
         self.pid = os.getpid()
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future] = {}
+        self._abandoned: dict[int, list[Any]] = {}    # req_id -> input blocks of a gone caller
         self._models: dict[str, m.ModelInfo] = {}
         self._configs: dict[str, dict] = {}
         self._info_waiters: dict[str, asyncio.Future] = {}
@@ -84,8 +85,10 @@ class DataPlane:
             fut = self._pending.pop(msg.req_id, None)
             if fut is not None and not fut.done():
                 fut.set_result((msg, frames))
-            elif msg.outputs:   # nobody waits (client gone): hand the blocks straight back
-                self._release_refs(msg.outputs)
+            else:   # nobody waits (the caller went away): free and hand back its blocks now
+                self._free_inputs(self._abandoned.pop(msg.req_id, []))
+                if msg.outputs:
+                    self._release_refs(msg.outputs)
         elif isinstance(msg, (m.ModelInfo, m.Index, m.ControlDone)):
             fut = self._pending.pop(msg.ctl_id, None)
             if fut is not None and not fut.done():
@@ -237,17 +240,16 @@ class DataPlane:
             fut = asyncio.get_running_loop().create_future()
             self._pending[req_id] = fut
             self._send(msg, frames)
-            result, rframes = await asyncio.shield(fut)
+            result, rframes = await fut
         except asyncio.CancelledError:
-            if fut is not None and not fut.done():
+            if fut is not None:
                 # The caller went away, but a worker may still be reading our input blocks:
-                # free them, and hand back its outputs, only once its result arrives.
-                fut.add_done_callback(lambda f: self._abandoned(f, blocks))
+                # they are freed (and its outputs handed back) when its result arrives.
+                self._abandoned[req_id] = blocks
                 blocks = []
             raise
         finally:
-            if fut is None or fut.done():
-                self._pending.pop(req_id, None)
+            self._pending.pop(req_id, None)
             self._free_inputs(blocks)
         if result.error is not None:
             raise _error(result.error)
@@ -265,12 +267,6 @@ class DataPlane:
         if self._arena is not None:
             for b in blocks:
                 self._arena.free(b.segment, b.offset)
-
-    def _abandoned(self, fut: asyncio.Future, blocks: list[Any]) -> None:
-        self._free_inputs(blocks)
-        if not fut.cancelled() and fut.exception() is None:
-            result, _ = fut.result()
-            self._release_refs(result.outputs)
 
     def release(self, resp: CoreResponse) -> None:
         if resp.blocks:
