@@ -113,7 +113,8 @@ def stop_server(srv: Server, timeout: float = 30.0) -> int:
 
 
 @contextlib.contextmanager
-def start_server(repo: Path, *extra: str, ready: bool = True, frontends: int = 1):
+def start_server(repo: Path, *extra: str, ready: bool = True, frontends: int = 1,
+                 env: dict[str, str] | None = None):
     """Run `trireme serve` on free ports; yields a Server, stops it and checks for leaks."""
     http, grpc_, metrics = free_port(), free_port(), free_port()
     log_path = repo.parent / f"server-{http}.log"
@@ -121,7 +122,8 @@ def start_server(repo: Path, *extra: str, ready: bool = True, frontends: int = 1
            "--http-port", str(http), "--grpc-port", str(grpc_), "--metrics-port", str(metrics),
            "--host", "127.0.0.1", "--frontends", str(frontends), *extra]
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, **(env or {})})
     srv = Server(proc, repo, http, grpc_, metrics, log_path)
     try:
         want = "/v2/health/ready" if ready else "/v2/health/live"

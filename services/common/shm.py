@@ -23,7 +23,9 @@ from typing import NamedTuple
 from services.common.errors import internal
 from services.common.procutil import pid_alive
 
-SHM_DIR = "/dev/shm"
+# Where POSIX shared memory lives. Overridable for hosts that mount it elsewhere, and so
+# tests can make it unusable to check the inline fallback.
+SHM_DIR = os.environ.get("TRIREME_SHM_DIR", "/dev/shm")
 PREFIX = "trireme-"
 ALIGN = 64  # cache line; also enough for any numpy dtype and for DLPack consumers
 _PAGE = mmap.PAGESIZE
