@@ -127,7 +127,7 @@ class Scheduler:
         try:
             self.fsock.send_multipart([identity, *m.encode(msg, frames)], copy=False)
         except zmq.ZMQError as e:   # EHOSTUNREACH: that frontend is gone
-            log.warning("cannot reach frontend %r: %s", identity, e)
+            (log.debug if self._stopping else log.warning)("cannot reach frontend %r: %s", identity, e)
             self.frontends.discard(identity)
         self.freader.kick()
 
