@@ -172,9 +172,7 @@ class ModelManager:
             raise
         for v in versions:
             new.versions[v] = VersionState(v)
-        if old.versions:   # a reload keeps the old versions serving until the new ones are up
-            pass
-        else:
+        if not old.versions:   # (a reload keeps the old versions serving until the new ones are up)
             old.versions = {v: VersionState(v) for v in versions}
             old.info = None
             self.changed([name])
