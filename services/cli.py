@@ -95,7 +95,6 @@ async def _run_scheduler(settings, frontend_cmds: list[list[str]], exit_timeout:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from services.frontend.main import add_frontend_args  # noqa: F401  (flags parsed already)
     set_title("trireme serve (scheduler)")
     run_dir = tempfile.mkdtemp(prefix=f"trireme-{os.getpid()}-")
     try:

@@ -21,7 +21,7 @@ import models
 from conftest import shm_segments, start_server, wait_until
 
 ONE_CPU = "instance_group [{ kind: KIND_CPU, count: 1 }]\n"
-BIG = 1 << 20   # FP32 elements: a 4 MiB tensor, far above the 64 KiB inline threshold
+BIG = 1 << 20   # FP32 elements: a 4 MiB tensor, far above the 128 KiB inline threshold
 
 
 @pytest.fixture(scope="module")

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import zmq
 
 from services.common import messages as m
@@ -141,10 +141,9 @@ class Scheduler:
             if inst is not None:
                 self._send_worker(inst.worker_id, m.ReleaseOutputs(msg.blocks))
         elif isinstance(msg, m.GetModelInfo):
-            info = self.models.info(msg.model)
-            info = m.ModelInfo(**{f: getattr(info, f) for f in info.__struct_fields__})
-            info.ctl_id = msg.ctl_id
-            self._send_frontend(identity, info)
+            # The cached ModelInfo is shared: answer with a copy carrying this ctl_id.
+            self._send_frontend(identity, msgspec.structs.replace(self.models.info(msg.model),
+                                                                  ctl_id=msg.ctl_id))
         elif isinstance(msg, m.GetIndex):
             self._send_frontend(identity, m.Index(msg.ctl_id, self.models.index(msg.ready_only)))
         elif isinstance(msg, (m.LoadModelRequest, m.UnloadModelRequest)):

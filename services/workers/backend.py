@@ -6,7 +6,6 @@ a worker process holds exactly one framework and the other services hold none.
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -42,7 +41,3 @@ def backend_class(name: str) -> type:
             f"backend '{name}' is not available: {e}. Install it with: "
             f"pip install \"trireme[{extra}]\"") from e
     return module.BACKEND
-
-
-def model_path(model_dir: str, version: int, filename: str) -> Path:
-    return Path(model_dir) / str(version) / filename

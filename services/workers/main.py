@@ -24,7 +24,8 @@ import zmq
 
 from services.common import messages as m
 from services.common import transport
-from services.common.datatypes import numpy_dtype, deserialize_bytes_tensor, serialize_bytes_tensor
+from services.common.datatypes import (datatype_of, deserialize_bytes_tensor, numpy_dtype,
+                                       serialize_bytes_tensor)
 from services.common.errors import Code, TriremeError
 from services.common.procutil import die_with_parent, set_title
 from services.common.shm import DEFAULT_INLINE_THRESHOLD, Arena, SegmentMap, ShmUnavailable
@@ -210,7 +211,6 @@ def _union_outputs(items: list[m.BatchItem]) -> list[str]:
 
 def _to_wire(arr: np.ndarray) -> tuple[str, memoryview | bytes]:
     """(datatype, raw bytes) of an output: BYTES serialized, others as a byte view."""
-    from services.common.datatypes import datatype_of
     datatype = datatype_of(arr.dtype)
     if datatype == "BYTES":
         return datatype, serialize_bytes_tensor(arr)

@@ -9,7 +9,7 @@ import onnxruntime as ort
 
 from services.common.config import complete_io
 from services.common.errors import Code, TriremeError
-from services.workers.backend import model_path
+from services.common.repository import model_file
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +46,9 @@ def _int_param(cfg, key: str) -> int | None:
 
 class OnnxRuntimeBackend:
     def __init__(self, cfg, load) -> None:
-        path = model_path(load.model_dir, load.version, cfg.default_model_filename or "model.onnx")
-        if not path.exists():
-            raise TriremeError(Code.INVALID_ARG, f"unable to find '{path}' for model '{cfg.name}'")
+        # The repository's rule: default_model_filename, and a model.onnx directory
+        # (Triton's large-model layout) means <dir>/model.onnx.
+        path = model_file(cfg, load.model_dir, load.version)
         opts = ort.SessionOptions()
         # Triton's onnxruntime backend parameter names.
         intra = _int_param(cfg, "intra_op_thread_count")

@@ -17,7 +17,7 @@ import pytest
 
 from services.common.errors import Code, TriremeError
 from services.frontend import http_codec as codec
-from services.frontend.types import (CoreRequest, CoreResponse, InputTensor, OutputTensor,
+from services.frontend.types import (CoreRequest, CoreResponse, OutputTensor,
                                      RequestedOutput)
 
 
