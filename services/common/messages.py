@@ -25,12 +25,14 @@ class Kind(enum.IntEnum):
     GET_INDEX = 5
     LOAD_MODEL_REQUEST = 6
     UNLOAD_MODEL_REQUEST = 7
+    GET_STATS = 8
     # scheduler -> frontend (INFER_RESULT also worker -> frontend)
     INFER_RESULT = 10
     MODEL_INFO = 11
     INDEX = 12
     CONTROL_DONE = 13
     REPOSITORY_CHANGED = 14
+    STATS = 15
     # scheduler -> worker
     LOAD_MODEL = 20
     EXECUTE_BATCH = 21
@@ -109,6 +111,13 @@ class UnloadModelRequest(_Msg):
     unload_dependents: bool = False
 
 
+class GetStats(_Msg):
+    """Statistics extension: every loaded version when ``model`` is empty."""
+    ctl_id: int
+    model: str = ""
+    version: int = 0               # 0: every version of the model
+
+
 # ---------------------------------------------------------------- scheduler -> frontend
 class InferResult(_Msg):
     req_id: int
@@ -116,6 +125,10 @@ class InferResult(_Msg):
     outputs: list[TensorRef] = []
     error: ErrorRecord | None = None
     parameters: dict[str, Any] = {}
+    # preserve_ordering: the frontend hands results of one stream to callers in ``order``
+    # (1, 2, ...); 0 means unordered. Copied from the BatchItem by the worker.
+    stream: int = 0
+    order: int = 0
 
 
 class IOSpec(_Msg):
@@ -152,6 +165,43 @@ class Index(_Msg):
     entries: list[IndexEntry]
 
 
+class Duration(_Msg, frozen=True):
+    count: int = 0
+    ns: int = 0
+
+
+class BatchStat(_Msg):
+    """Executions of one batch size: count = executions, ns = their cumulative time."""
+    batch_size: int
+    compute_input: Duration
+    compute_infer: Duration
+    compute_output: Duration
+
+
+class ModelStat(_Msg):
+    """One version's statistics, Triton's ModelStatistics field for field."""
+    name: str
+    version: str
+    last_inference: int = 0        # ms since the epoch
+    inference_count: int = 0       # rows (batch_size summed over successful requests)
+    execution_count: int = 0       # model executions (batches)
+    success: Duration = Duration()
+    fail: Duration = Duration()
+    queue: Duration = Duration()
+    compute_input: Duration = Duration()
+    compute_infer: Duration = Duration()
+    compute_output: Duration = Duration()
+    cache_hit: Duration = Duration()
+    cache_miss: Duration = Duration()
+    batch_stats: list[BatchStat] = []
+
+
+class Stats(_Msg):
+    ctl_id: int
+    stats: list[ModelStat] = []
+    error: ErrorRecord | None = None
+
+
 class ControlDone(_Msg):
     ctl_id: int
     error: ErrorRecord | None = None
@@ -182,6 +232,8 @@ class BatchItem(_Msg):
     outputs: list[str] = []
     parameters: dict[str, Any] = {}
     batch_size: int = 1
+    stream: int = 0                # preserve_ordering, see InferResult
+    order: int = 0
 
 
 class ExecuteBatch(_Msg):
@@ -226,11 +278,13 @@ _KIND_OF: dict[type, Kind] = {
     GetIndex: Kind.GET_INDEX,
     LoadModelRequest: Kind.LOAD_MODEL_REQUEST,
     UnloadModelRequest: Kind.UNLOAD_MODEL_REQUEST,
+    GetStats: Kind.GET_STATS,
     InferResult: Kind.INFER_RESULT,
     ModelInfo: Kind.MODEL_INFO,
     Index: Kind.INDEX,
     ControlDone: Kind.CONTROL_DONE,
     RepositoryChanged: Kind.REPOSITORY_CHANGED,
+    Stats: Kind.STATS,
     LoadModel: Kind.LOAD_MODEL,
     ExecuteBatch: Kind.EXECUTE_BATCH,
     Shutdown: Kind.SHUTDOWN,

@@ -29,7 +29,8 @@ from services.frontend.validation import resolve_version, validate_infer
 log = logging.getLogger("trireme.frontend")
 
 # Triton's extension list, in Triton's order, restricted to what is implemented.
-EXTENSIONS = ["model_repository", "model_configuration", "binary_tensor_data", "parameters"]
+EXTENSIONS = ["model_repository", "schedule_policy", "model_configuration", "binary_tensor_data",
+              "parameters", "statistics"]
 
 
 def _error(rec: m.ErrorRecord) -> TriremeError:
@@ -46,6 +47,7 @@ class DataPlane:
         self._models: dict[str, m.ModelInfo] = {}
         self._configs: dict[str, dict] = {}
         self._info_waiters: dict[str, asyncio.Future] = {}
+        self._streams: dict[int, list[Any]] = {}      # preserve_ordering state per stream
         self._generation = 0
         self._scheduler_ready = False
         self._arena: Arena | None = Arena("in") if settings.use_shm else None
@@ -82,14 +84,11 @@ class DataPlane:
     def _on_message(self, parts: list[Any]) -> None:
         msg, frames = m.decode(parts)
         if isinstance(msg, m.InferResult):
-            fut = self._pending.pop(msg.req_id, None)
-            if fut is not None and not fut.done():
-                fut.set_result((msg, frames))
-            else:   # nobody waits (the caller went away): free and hand back its blocks now
-                self._free_inputs(self._abandoned.pop(msg.req_id, []))
-                if msg.outputs:
-                    self._release_refs(msg.outputs)
-        elif isinstance(msg, (m.ModelInfo, m.Index, m.ControlDone)):
+            if msg.stream:
+                self._deliver_in_order(msg, frames)
+            else:
+                self._deliver(msg, frames)
+        elif isinstance(msg, (m.ModelInfo, m.Index, m.ControlDone, m.Stats)):
             fut = self._pending.pop(msg.ctl_id, None)
             if fut is not None and not fut.done():
                 fut.set_result(msg)
@@ -105,6 +104,27 @@ class DataPlane:
             else:
                 self._models.clear()
                 self._configs.clear()
+
+    def _deliver(self, msg: m.InferResult, frames: list[Any]) -> None:
+        fut = self._pending.pop(msg.req_id, None)
+        if fut is not None and not fut.done():
+            fut.set_result((msg, frames))
+        else:   # nobody waits (the caller went away): free and hand back its blocks now
+            self._free_inputs(self._abandoned.pop(msg.req_id, []))
+            if msg.outputs:
+                self._release_refs(msg.outputs)
+
+    def _deliver_in_order(self, msg: m.InferResult, frames: list[Any]) -> None:
+        """preserve_ordering: results of a stream reach callers in the order the scheduler
+        dispatched their requests, whichever instance finishes first."""
+        state = self._streams.get(msg.stream)
+        if state is None:
+            state = self._streams[msg.stream] = [0, {}]   # [last delivered, held results]
+        held = state[1]
+        held[msg.order] = (msg, frames)
+        while state[0] + 1 in held:
+            state[0] += 1
+            self._deliver(*held.pop(state[0]))
 
     async def _call(self, msg: Any) -> Any:
         fut = asyncio.get_running_loop().create_future()
@@ -203,6 +223,17 @@ class DataPlane:
             next(self._ids), model, bool(parameters.get("unload_dependents", False))))
         if done.error is not None:
             raise _error(done.error)
+
+    async def statistics(self, model: str = "", version: str = "") -> list[m.ModelStat]:
+        """Statistics extension: every ready version ("" model), a model, or one version."""
+        if version and not version.isdigit():
+            raise TriremeError(Code.INVALID_ARG,
+                               f"requested model version is not available for model '{model}'")
+        reply: m.Stats = await self._call(m.GetStats(next(self._ids), model,
+                                                     int(version) if version else 0))
+        if reply.error is not None:
+            raise _error(reply.error)
+        return reply.stats
 
     # ------------------------------------------------------------------ inference
     async def infer(self, req: CoreRequest) -> CoreResponse:

@@ -1,20 +1,23 @@
-"""Per-version request dispatch: a queue, the idle instances, and what each worker holds.
+"""Per-version request dispatch: the batcher's queue, the idle instances, what each worker holds.
 
-Without dynamic batching (Triton's default scheduler) each request is one execution,
-sent to whichever instance is idle, in arrival order. Every request a worker holds is
-recorded, so the moment that worker dies each of them gets its error (invariant 1).
+Whenever a request arrives, an instance becomes idle or the batcher's delay runs out, pump()
+asks the Batcher for the next batch and sends it to an idle instance (one the rate limiter
+lets run). Every request a worker holds is recorded, so the moment that worker dies each of
+them gets its error (invariant 1).
 """
 from __future__ import annotations
 
-import collections
 import itertools
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from services.common import messages as m
 from services.common.errors import Code
+from services.scheduler.batcher import TIMEOUT_EXPIRED, Batcher, BatcherConfig
 
 _batch_ids = itertools.count(1)
+_stream_ids = itertools.count(1)
 
 
 @dataclass(slots=True)
@@ -23,6 +26,10 @@ class Pending:
     frontend: bytes            # the frontend's identity on the scheduler's ROUTER socket
     req: m.InferRequest
     frames: list[Any]
+    arrival_ns: int = 0
+    dispatch_ns: int = 0
+    stream: int = 0            # preserve_ordering: (stream, order) travel with the result
+    order: int = 0
 
 
 @dataclass
@@ -38,50 +45,123 @@ class Instance:
     pid: int = 0
     loaded: bool = False
     inflight: dict[int, list[Pending]] = field(default_factory=dict)
+    config: Any = None         # its inference.ModelInstanceGroup (rate_limiter settings)
+
+
+def _int_param(params: dict[str, Any], key: str) -> int:
+    v = params.get(key, 0)
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
 
 
 class VersionQueue:
-    """Queue + idle instances for one loaded model version."""
+    """The batcher + idle instances of one loaded model version."""
 
-    def __init__(self, model: str, version: int,
+    def __init__(self, model: str, version: int, config: BatcherConfig,
                  send_batch: Callable[[Instance, m.ExecuteBatch, list[Any]], None],
-                 fail: Callable[[Pending, int, str], None]) -> None:
+                 fail: Callable[[Pending, int, str, str], None],
+                 call_later: Callable[[float, Callable[[], None]], Any],
+                 limiter: Any = None, clock: Callable[[], int] = time.monotonic_ns) -> None:
         self.model = model
         self.version = version
+        self.batcher = Batcher(config)
         self.send_batch = send_batch
         self.fail = fail
-        self.queue: collections.deque[Pending] = collections.deque()
-        self.idle: collections.deque[Instance] = collections.deque()
+        self.call_later = call_later
+        self.limiter = limiter
+        self.clock = clock
+        self.idle: list[Instance] = []
         self.instances: dict[str, Instance] = {}
+        self._timer: Any = None
+        self._stream = next(_stream_ids) if config.preserve_ordering else 0
+        self._orders: dict[bytes, int] = {}     # frontend -> last order number handed out
 
+    # ------------------------------------------------------------------ instances
     def add_instance(self, inst: Instance) -> None:
         self.instances[inst.worker_id] = inst
+        if self.limiter is not None:
+            self.limiter.register(inst)
         self.idle.append(inst)
         self.pump()
 
     def remove_instance(self, inst: Instance) -> None:
         self.instances.pop(inst.worker_id, None)
-        try:
+        if inst in self.idle:
             self.idle.remove(inst)
-        except ValueError:
-            pass
+        if self.limiter is not None and not inst.inflight:
+            self.limiter.unregister(inst)
 
+    # ------------------------------------------------------------------ requests
     def enqueue(self, p: Pending) -> None:
-        self.queue.append(p)
+        """Queue a request; raises TriremeError (queue full) without queueing it."""
+        r = p.req
+        params = r.parameters
+        self.batcher.enqueue(
+            p, p.arrival_ns, batch_size=r.batch_size,
+            priority=_int_param(params, "priority") if params else 0,
+            timeout_us=_int_param(params, "timeout") if params else 0,
+            shapes={t.name: t.shape for t in r.inputs} if self.batcher._check_shapes else None)
         self.pump()
 
     def pump(self) -> None:
-        while self.queue and self.idle:
-            inst = self.idle.popleft()
-            p = self.queue.popleft()
-            batch_id = next(_batch_ids)
+        while self.idle and len(self.batcher):
+            inst = self._runnable()
+            if inst is None:
+                return
+            now = self.clock()
+            d = self.batcher.next_batch(now)
+            for p in d.rejected:
+                self.fail(p, Code.UNAVAILABLE, TIMEOUT_EXPIRED, "REJECTED")
+            if not d.batch:
+                if d.wait_ns is not None:
+                    self._arm(d.wait_ns)
+                return
+            self._dispatch(inst, d.batch, now)
+
+    def _runnable(self) -> Instance | None:
+        """An idle instance allowed to run now (the rate limiter may hold them all)."""
+        if self.limiter is None:
+            return self.idle[0]
+        return self.limiter.choose(self.idle, self)
+
+    def _arm(self, wait_ns: int) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.call_later(wait_ns / 1e9, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self.pump()
+
+    def _dispatch(self, inst: Instance, batch: list[Pending], now: int) -> None:
+        self.idle.remove(inst)
+        if self.limiter is not None:
+            self.limiter.acquire(inst)
+        batch_id = next(_batch_ids)
+        items = []
+        frames: list[Any] = []
+        for p in batch:
+            p.dispatch_ns = now
+            if self._stream:
+                p.stream = self._stream
+                p.order = self._orders[p.frontend] = self._orders.get(p.frontend, 0) + 1
             r = p.req
-            item = m.BatchItem(r.reply_to, r.req_id, r.inputs, r.outputs, r.parameters, r.batch_size)
-            inst.inflight[batch_id] = [p]
-            self.send_batch(inst, m.ExecuteBatch(batch_id, [item]), p.frames)
+            inputs = r.inputs
+            if frames or p.frames:
+                # Frame indexes are per message: shift this request's past the ones before.
+                base = len(frames)
+                if base:
+                    inputs = [m.TensorRef(t.name, t.datatype, t.shape, t.nbytes, t.frame + base)
+                              if t.frame >= 0 else t for t in inputs]
+                frames.extend(p.frames)
+            items.append(m.BatchItem(r.reply_to, r.req_id, inputs, r.outputs, r.parameters,
+                                     r.batch_size, p.stream, p.order))
+        inst.inflight[batch_id] = batch
+        self.send_batch(inst, m.ExecuteBatch(batch_id, items), frames)
 
     def batch_done(self, inst: Instance, batch_id: int) -> None:
         inst.inflight.pop(batch_id, None)
+        if self.limiter is not None:
+            self.limiter.release(inst)
         if inst.worker_id in self.instances:
             self.idle.append(inst)
             self.pump()
@@ -89,15 +169,24 @@ class VersionQueue:
     def worker_died(self, inst: Instance, why: str) -> None:
         """Fail everything the worker held; it is no longer an instance of this version."""
         self.remove_instance(inst)
-        for batch in inst.inflight.values():
-            for p in batch:
-                self.fail(p, Code.INTERNAL, why)
+        held = list(inst.inflight.values())
         inst.inflight.clear()
+        if self.limiter is not None:
+            for _ in held:
+                self.limiter.release(inst)
+            self.limiter.unregister(inst)
+        for batch in held:
+            for p in batch:
+                self.fail(p, Code.INTERNAL, why, "OTHER")
 
     def fail_queued(self, code: int, message: str) -> None:
-        while self.queue:
-            self.fail(self.queue.popleft(), code, message)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for p in self.batcher.drain():
+            self.fail(p, code, message, "OTHER")
 
     @property
     def busy(self) -> bool:
-        return bool(self.queue) or any(i.inflight for i in self.instances.values())
+        return bool(len(self.batcher)) or any(i.inflight for i in self.instances.values())
+

@@ -84,14 +84,13 @@ class ModelManager:
     """Owns every ModelEntry; the Scheduler gives it the process and messaging hooks."""
 
     def __init__(self, repositories: list[Path], *, spawn_instance: Callable, stop_instance: Callable,
-                 send_batch: Callable, fail: Callable, changed: Callable[[list[str]], None],
+                 make_queue: Callable, changed: Callable[[list[str]], None],
                  config_name: str | None = None, disable_autocomplete: bool = False) -> None:
         self.repositories = repositories
         self.models: dict[str, ModelEntry] = {}
         self.spawn_instance = spawn_instance      # async (Instance, config bytes, model_dir, autocomplete) -> mc.ModelConfig
         self.stop_instance = stop_instance        # async (Instance) -> None
-        self.send_batch = send_batch
-        self.fail = fail
+        self.make_queue = make_queue              # (model, version, completed config) -> VersionQueue
         self.changed = changed
         self.config_name = config_name
         self.disable_autocomplete = disable_autocomplete
@@ -220,7 +219,8 @@ class ModelManager:
         def make(v: int, group: Any, i: int) -> Instance:
             kind = mc.ModelInstanceGroup.Kind.Name(group.kind)
             device = group.gpus[i % len(group.gpus)] if group.gpus else 0
-            inst = Instance(f"w{next(_worker_ids)}", f"{group.name}_{i}", entry.name, v, kind, device)
+            inst = Instance(f"w{next(_worker_ids)}", f"{group.name}_{i}", entry.name, v, kind, device,
+                            config=group)
             entry.instances.append(inst)
             return inst
 
@@ -242,7 +242,7 @@ class ModelManager:
             if isinstance(r, BaseException):
                 raise r if isinstance(r, TriremeError) else TriremeError(Code.INTERNAL, str(r))
         for v in versions:
-            entry.versions[v].queue = VersionQueue(entry.name, v, self.send_batch, self.fail)
+            entry.versions[v].queue = self.make_queue(entry.name, v, completed)
         for inst in entry.instances:
             entry.versions[inst.version].queue.add_instance(inst)
         return completed

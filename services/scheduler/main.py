@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,9 +24,12 @@ import zmq
 from services.common import messages as m
 from services.common import shm, transport
 from services.common.errors import Code, TriremeError
-from services.scheduler.dispatch import Instance, Pending
+from services.scheduler.batcher import BatcherConfig
+from services.scheduler.dispatch import Instance, Pending, VersionQueue
 from services.scheduler.lifecycle import ModelManager
 from services.scheduler.metrics import Metrics
+from services.scheduler.rate_limiter import RateLimiter
+from services.scheduler.stats import StatsRegistry
 from services.scheduler.supervisor import ProcessHandle
 
 log = logging.getLogger("trireme.scheduler")
@@ -52,13 +57,22 @@ class SchedulerSettings:
     host: str = "0.0.0.0"
     worker_args: list[str] = field(default_factory=list)
     """Extra flags for every spawned worker (e.g. --no-shm)."""
+    rate_limit: str = "off"
+    """off | execution_count (--rate-limit)."""
+    rate_limit_resources: list[str] = field(default_factory=list)
+    """--rate-limit-resource name:count[:device], repeatable."""
 
 
 class Scheduler:
     def __init__(self, settings: SchedulerSettings) -> None:
         self.settings = settings
         self.frontends: set[bytes] = set()
-        self.metrics = Metrics()
+        self.stats = StatsRegistry()
+        self.metrics = Metrics(self.stats)
+        self.limiter = (RateLimiter(settings.rate_limit_resources)
+                        if settings.rate_limit == "execution_count" else None)
+        # Triton's batching test hook: each batcher holds requests until this many are queued.
+        self.delay_count = int(os.environ.get("TRITONSERVER_DELAY_SCHEDULER", "0") or 0)
         self.ready = False
         self._spawning: dict[str, tuple[asyncio.Future, asyncio.Future]] = {}
         self._by_pid: dict[int, Instance] = {}       # loaded instances by worker pid
@@ -66,7 +80,7 @@ class Scheduler:
         self._stopping = False
         self.models = ModelManager(
             settings.repositories, spawn_instance=self._spawn_instance,
-            stop_instance=self._stop_instance, send_batch=self._send_batch, fail=self._fail,
+            stop_instance=self._stop_instance, make_queue=self._make_queue,
             changed=self._changed, config_name=settings.config_name,
             disable_autocomplete=settings.disable_autocomplete)
 
@@ -144,6 +158,8 @@ class Scheduler:
             # The cached ModelInfo is shared: answer with a copy carrying this ctl_id.
             self._send_frontend(identity, msgspec.structs.replace(self.models.info(msg.model),
                                                                   ctl_id=msg.ctl_id))
+        elif isinstance(msg, m.GetStats):
+            self._send_frontend(identity, self._statistics(msg))
         elif isinstance(msg, m.GetIndex):
             self._send_frontend(identity, m.Index(msg.ctl_id, self.models.index(msg.ready_only)))
         elif isinstance(msg, (m.LoadModelRequest, m.UnloadModelRequest)):
@@ -182,16 +198,47 @@ class Scheduler:
                                f"'{req.model}' version {v} is not at ready state")
             return
         req.version = vs.version
-        self.metrics.pending(req.model, vs.version, +1)
-        vs.queue.enqueue(Pending(identity, req, frames))
+        self.stats.get(req.model, vs.version).pending += 1
+        p = Pending(identity, req, frames, time.monotonic_ns())
+        try:
+            vs.queue.enqueue(p)
+        except TriremeError as e:    # the queue is full
+            self._fail(p, e.code, e.message, "REJECTED")
+
+    def _make_queue(self, model: str, version: int, config: Any) -> VersionQueue:
+        return VersionQueue(model, version, BatcherConfig.from_model_config(config, self.delay_count),
+                            self._send_batch, self._fail, asyncio.get_running_loop().call_later,
+                            self.limiter)
 
     def _fail_req(self, identity: bytes, req: m.InferRequest, code: int, message: str) -> None:
         self._send_frontend(identity, m.InferResult(req.req_id, error=m.ErrorRecord(int(code), message)))
 
-    def _fail(self, p: Pending, code: int, message: str) -> None:
-        self.metrics.failed(p.req.model, p.req.version, 1)
-        self.metrics.pending(p.req.model, p.req.version, -1)
-        self._fail_req(p.frontend, p.req, code, message)
+    def _fail(self, p: Pending, code: int, message: str, reason: str = "OTHER") -> None:
+        self.stats.get(p.req.model, p.req.version).failed(time.monotonic_ns() - p.arrival_ns, reason)
+        self._send_frontend(p.frontend, m.InferResult(
+            p.req.req_id, error=m.ErrorRecord(int(code), message), stream=p.stream, order=p.order))
+
+    def _statistics(self, msg: m.GetStats) -> m.Stats:
+        """The statistics extension: every ready version, one model, or one version."""
+        out = []
+        if msg.model:
+            entry = self.models.models.get(msg.model)
+            ready = sorted(v for v, s in entry.versions.items() if s.state == "READY") \
+                if entry is not None else []
+            if not ready:
+                return m.Stats(msg.ctl_id, error=m.ErrorRecord(
+                    int(Code.INVALID_ARG), f"requested model '{msg.model}' is not available"))
+            if msg.version and msg.version not in ready:
+                return m.Stats(msg.ctl_id, error=m.ErrorRecord(
+                    int(Code.INVALID_ARG),
+                    f"requested model version is not available for model '{msg.model}'"))
+            versions = [(msg.model, v) for v in ([msg.version] if msg.version else ready)]
+        else:
+            versions = [(n, v) for n, e in sorted(self.models.models.items())
+                        for v, s in sorted(e.versions.items()) if s.state == "READY"]
+        for name, v in versions:
+            out.append(self.stats.get(name, v).to_message(name, v))
+        return m.Stats(msg.ctl_id, out)
 
     async def _control(self, identity: bytes, msg: Any) -> None:
         err = None
@@ -239,9 +286,11 @@ class Scheduler:
             entry = self.models.models.get(inst.model)
             batch = inst.inflight.get(msg.batch_id)
             if batch is not None:
-                n = len(batch)
-                self.metrics.executed(inst.model, inst.version, batch, msg, n)
-                self.metrics.pending(inst.model, inst.version, -n)
+                self.stats.get(inst.model, inst.version).executed(
+                    sum(p.req.batch_size for p in batch),
+                    [(p.arrival_ns, p.dispatch_ns) for p in batch], msg.failed,
+                    (msg.compute_input_ns, msg.compute_infer_ns, msg.compute_output_ns),
+                    time.monotonic_ns())
             vs = entry.versions.get(inst.version) if entry else None
             if vs is not None and vs.queue is not None and inst.worker_id in vs.queue.instances:
                 vs.queue.batch_done(inst, msg.batch_id)

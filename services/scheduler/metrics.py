@@ -3,27 +3,55 @@
 Names, types and labels are Triton's (reference/protocol.md §6), so dashboards and alerts
 built for Triton keep working. prometheus_client would expose counters as `<name>_total`
 plus `<name>_created`; Triton exposes the bare name, so the text format is written here.
-The scheduler sees every request's fate, so it is the one place they are counted.
+The figures are read from the same StatsRegistry the statistics extension answers from.
+
+Beyond Triton, as its users asked: nv_inference_pending_request_count is always on, and
+nv_inference_batch_size is a histogram of the batch sizes actually executed, so a batcher
+that forms smaller batches than expected shows up on a dashboard.
 """
 from __future__ import annotations
 
-from typing import Any
-
 from aiohttp import web
+
+from services.scheduler.stats import BATCH_BUCKETS, StatsRegistry, VersionStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-# name -> (type, help), in exposition order
-FAMILIES: dict[str, tuple[str, str]] = {
-    "nv_inference_request_success": ("counter", "Number of successful inference requests, all batch sizes"),
-    "nv_inference_request_failure": ("counter", "Number of failed inference requests, all batch sizes"),
-    "nv_inference_count": ("counter", "Number of inferences performed (does not include cached requests)"),
-    "nv_inference_exec_count": ("counter", "Number of model executions performed (does not include cached requests)"),
-    "nv_inference_compute_input_duration_us": ("counter", "Cumulative compute input duration in microseconds"),
-    "nv_inference_compute_infer_duration_us": ("counter", "Cumulative compute inference duration in microseconds"),
-    "nv_inference_compute_output_duration_us": ("counter", "Cumulative inference compute output duration in microseconds"),
-    "nv_inference_pending_request_count": ("gauge", "Instantaneous number of pending requests awaiting execution per-model."),
+_US = 1000
+# name -> (type, help, value of one VersionStats), in exposition order
+COUNTERS: dict[str, tuple[str, str, object]] = {
+    "nv_inference_request_success": (
+        "counter", "Number of successful inference requests, all batch sizes",
+        lambda s: s.success[0]),
+    "nv_inference_request_failure": (
+        "counter", "Number of failed inference requests, all batch sizes", None),
+    "nv_inference_count": (
+        "counter", "Number of inferences performed (does not include cached requests)",
+        lambda s: s.inference_count),
+    "nv_inference_exec_count": (
+        "counter", "Number of model executions performed (does not include cached requests)",
+        lambda s: s.execution_count),
+    "nv_inference_request_duration_us": (
+        "counter", "Cumulative inference request duration in microseconds (includes cached requests)",
+        lambda s: (s.success[1] + s.fail[1]) // _US),
+    "nv_inference_queue_duration_us": (
+        "counter", "Cumulative inference queuing duration in microseconds (includes cached requests)",
+        lambda s: s.queue[1] // _US),
+    "nv_inference_compute_input_duration_us": (
+        "counter", "Cumulative compute input duration in microseconds (does not include cached requests)",
+        lambda s: s.compute_input[1] // _US),
+    "nv_inference_compute_infer_duration_us": (
+        "counter", "Cumulative compute inference duration in microseconds (does not include cached requests)",
+        lambda s: s.compute_infer[1] // _US),
+    "nv_inference_compute_output_duration_us": (
+        "counter", "Cumulative inference compute output duration in microseconds (does not include cached requests)",
+        lambda s: s.compute_output[1] // _US),
+    "nv_inference_pending_request_count": (
+        "gauge", "Instantaneous number of pending requests awaiting execution per-model.",
+        lambda s: s.pending),
 }
+FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+HISTOGRAM = ("nv_inference_batch_size", "Batch sizes of model executions")
 
 
 def _escape(v: str) -> str:
@@ -31,45 +59,29 @@ def _escape(v: str) -> str:
 
 
 class Metrics:
-    def __init__(self) -> None:
-        # (family, model, version, reason) -> value; reason is "" except for failures.
-        self.values: dict[tuple[str, str, int, str], float] = {}
-
-    def _add(self, family: str, model: str, version: int, v: float, reason: str = "") -> None:
-        key = (family, model, version, reason)
-        self.values[key] = self.values.get(key, 0) + v
-
-    def executed(self, model: str, version: int, batch: list[Any], done: Any, n: int) -> None:
-        good = n - done.failed
-        if good:
-            self._add("nv_inference_request_success", model, version, good)
-            rows = sum(p.req.batch_size for p in batch) if done.failed == 0 else good
-            self._add("nv_inference_count", model, version, rows)
-        if done.failed:
-            self._add("nv_inference_request_failure", model, version, done.failed, "BACKEND")
-        self._add("nv_inference_exec_count", model, version, 1)
-        self._add("nv_inference_compute_input_duration_us", model, version, done.compute_input_ns // 1000)
-        self._add("nv_inference_compute_infer_duration_us", model, version, done.compute_infer_ns // 1000)
-        self._add("nv_inference_compute_output_duration_us", model, version, done.compute_output_ns // 1000)
-
-    def failed(self, model: str, version: int, n: int) -> None:
-        self._add("nv_inference_request_failure", model, version, n, "OTHER")
-
-    def pending(self, model: str, version: int, delta: int) -> None:
-        self._add("nv_inference_pending_request_count", model, version, delta)
+    def __init__(self, stats: StatsRegistry) -> None:
+        self.stats = stats
 
     def render(self) -> str:
-        by_family: dict[str, list[str]] = {f: [] for f in FAMILIES}
-        for (family, model, version, reason), v in sorted(self.values.items()):
-            labels = f'model="{_escape(model)}",version="{version}"'
-            if reason:
-                labels = f'{labels},reason="{reason}"'
-            text_v = str(int(v)) if float(v).is_integer() else repr(float(v))
-            by_family[family].append(f"{family}{{{labels}}} {text_v}")
+        rows = sorted(self.stats.versions.items())
+        labels = {key: f'model="{_escape(key[0])}",version="{key[1]}"' for key, _ in rows}
         out: list[str] = []
-        for family, (kind, text) in FAMILIES.items():
-            if by_family[family]:
-                out += [f"# HELP {family} {text}", f"# TYPE {family} {kind}", *by_family[family]]
+        for family, (kind, text, value) in COUNTERS.items():
+            if not rows:
+                break
+            out += [f"# HELP {family} {text}", f"# TYPE {family} {kind}"]
+            for key, s in rows:
+                if value is None:     # failures, one series per reason as Triton
+                    for reason in FAILURE_REASONS:
+                        out.append(f'{family}{{{labels[key]},reason="{reason}"}} '
+                                   f'{s.failures.get(reason, 0)}')
+                else:
+                    out.append(f"{family}{{{labels[key]}}} {value(s)}")
+        if rows:
+            name, text = HISTOGRAM
+            out += [f"# HELP {name} {text}", f"# TYPE {name} histogram"]
+            for key, s in rows:
+                out += _histogram(name, labels[key], s)
         return "\n".join(out) + "\n"
 
     async def serve(self, host: str, port: int) -> web.AppRunner:
@@ -81,3 +93,23 @@ class Metrics:
         await runner.setup()
         await web.TCPSite(runner, host, port, reuse_port=True).start()
         return runner
+
+
+def _histogram(name: str, labels: str, s: VersionStats) -> list[str]:
+    lines = []
+    total = rows = 0
+    sizes = sorted(s.batches.items())
+    i = 0
+    for bound in BATCH_BUCKETS:
+        while i < len(sizes) and sizes[i][0] <= bound:
+            total += sizes[i][1][0]
+            rows += sizes[i][0] * sizes[i][1][0]
+            i += 1
+        lines.append(f'{name}_bucket{{{labels},le="{bound}"}} {total}')
+    for bs, b in sizes[i:]:
+        total += b[0]
+        rows += bs * b[0]
+    lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {total}')
+    lines.append(f"{name}_sum{{{labels}}} {rows}")
+    lines.append(f"{name}_count{{{labels}}} {total}")
+    return lines

@@ -147,7 +147,8 @@ class Worker:
                 log.exception("execution failed")
             err = m.ErrorRecord(int(code), text)
             for it in items:
-                self._push(it.reply_to, m.InferResult(it.req_id, error=err))
+                self._push(it.reply_to, m.InferResult(it.req_id, error=err, stream=it.stream,
+                                                      order=it.order))
             failed = len(items)
         t3 = time.perf_counter_ns()
         self.sock.send_multipart(m.encode(m.BatchDone(
@@ -172,7 +173,8 @@ class Worker:
                 ref.frame = len(frames)
                 frames.append(data)
             refs.append(ref)
-        self._push(item.reply_to, m.InferResult(item.req_id, outputs=refs), frames)
+        self._push(item.reply_to, m.InferResult(item.req_id, outputs=refs, stream=item.stream,
+                                                order=item.order), frames)
 
     def _push(self, address: str, msg: m.InferResult, frames: list[Any] = ()) -> None:
         sock = self.pushers.get(address)

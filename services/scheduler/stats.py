@@ -1,0 +1,101 @@
+"""Per-version inference statistics: the one record behind the statistics extension and the
+Prometheus metrics, so the two can never disagree.
+
+The scheduler sees each request arrive, leave the queue and finish (BatchDone), and the worker
+reports each batch's compute_input / compute_infer / compute_output time. As in Triton, every
+request of a batch is charged the whole batch's compute time in inference_stats, while
+batch_stats counts executions per batch size.
+"""
+from __future__ import annotations
+
+import time
+
+from services.common import messages as m
+
+# Bucket bounds of the executed-batch-size histogram (Prometheus `le`), +Inf implied.
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class VersionStats:
+    __slots__ = ("inference_count", "execution_count", "last_inference_ms", "success", "fail",
+                 "queue", "compute_input", "compute_infer", "compute_output", "batches",
+                 "failures", "pending")
+
+    def __init__(self) -> None:
+        self.inference_count = 0
+        self.execution_count = 0
+        self.last_inference_ms = 0
+        # [count, ns] pairs
+        self.success = [0, 0]
+        self.fail = [0, 0]
+        self.queue = [0, 0]
+        self.compute_input = [0, 0]
+        self.compute_infer = [0, 0]
+        self.compute_output = [0, 0]
+        self.batches: dict[int, list[int]] = {}     # batch size -> [executions, in_ns, infer_ns, out_ns]
+        self.failures: dict[str, int] = {}          # Prometheus failure reason -> requests
+        self.pending = 0                            # queued or executing requests
+
+    def executed(self, rows: int, requests: list[tuple[int, int]], failed: int,
+                 compute: tuple[int, int, int], now_ns: int) -> None:
+        """One batch finished. ``requests``: (arrival_ns, dispatch_ns) of each request;
+        the first ``len(requests) - failed`` succeeded (a batch fails or succeeds whole)."""
+        cin, cinf, cout = compute
+        self.execution_count += 1
+        self.last_inference_ms = time.time_ns() // 1_000_000
+        b = self.batches.get(rows)
+        if b is None:
+            b = self.batches[rows] = [0, 0, 0, 0]
+        b[0] += 1
+        b[1] += cin
+        b[2] += cinf
+        b[3] += cout
+        self.pending -= len(requests)
+        if failed:
+            for arrival, _ in requests:
+                self._failed(now_ns - arrival, "BACKEND")
+            return
+        n = len(requests)
+        self.inference_count += rows
+        self.success[0] += n
+        self.queue[0] += n
+        self.compute_input[0] += n
+        self.compute_input[1] += cin * n
+        self.compute_infer[0] += n
+        self.compute_infer[1] += cinf * n
+        self.compute_output[0] += n
+        self.compute_output[1] += cout * n
+        for arrival, dispatched in requests:
+            self.success[1] += now_ns - arrival
+            self.queue[1] += dispatched - arrival
+
+    def _failed(self, duration_ns: int, reason: str) -> None:
+        self.fail[0] += 1
+        self.fail[1] += duration_ns
+        self.failures[reason] = self.failures.get(reason, 0) + 1
+
+    def failed(self, duration_ns: int, reason: str) -> None:
+        """A pending request that got an error outside a model execution (rejected at the
+        queue, worker lost, version unloaded)."""
+        self._failed(duration_ns, reason)
+        self.pending -= 1
+
+    def to_message(self, name: str, version: int) -> m.ModelStat:
+        d = m.Duration
+        return m.ModelStat(
+            name, str(version), self.last_inference_ms, self.inference_count, self.execution_count,
+            d(*self.success), d(*self.fail), d(*self.queue), d(*self.compute_input),
+            d(*self.compute_infer), d(*self.compute_output), d(), d(),
+            [m.BatchStat(bs, d(b[0], b[1]), d(b[0], b[2]), d(b[0], b[3]))
+             for bs, b in sorted(self.batches.items())])
+
+
+class StatsRegistry:
+    def __init__(self) -> None:
+        self.versions: dict[tuple[str, int], VersionStats] = {}
+
+    def get(self, model: str, version: int) -> VersionStats:
+        s = self.versions.get((model, version))
+        if s is None:
+            s = self.versions[(model, version)] = VersionStats()
+        return s
