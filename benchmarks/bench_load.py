@@ -194,9 +194,12 @@ def http_json_body(model: str, x: np.ndarray) -> str:
 
 
 def run_wrk(srv: Server, model: str | None, x: np.ndarray | None, tmp: Path, duration: int,
-            conns: int = 64, threads: int = 2, meter_pids: dict | None = None) -> dict:
+            conns: int = 64, threads: int = 2, meter_pids: dict | None = None,
+            warmup_s: float = 2.0, snapshot=None) -> dict:
     """POST a JSON infer body to /v2/models/<model>/infer, or with model None GET
-    /v2/health/ready (the frontend alone: no scheduler or worker on the path)."""
+    /v2/health/ready (the frontend alone: no scheduler or worker on the path).
+    warmup_s: the warm-up run before the measured one (0: none); snapshot: a callable read
+    just before and just after the measured run, returned as "snapshot": (before, after)."""
     lua = tmp / f"wrk-{model or 'ready'}.lua"
     if model:
         lua.write_text(WRK_POST % http_json_body(model, x) + WRK_DONE)
@@ -205,8 +208,10 @@ def run_wrk(srv: Server, model: str | None, x: np.ndarray | None, tmp: Path, dur
         lua.write_text(WRK_DONE)
         url = f"http://{srv.http}/v2/health/ready"
     # A short warm-up so every connection is open and the caches are hot.
-    subprocess.run(["wrk", "-t", str(threads), "-c", str(conns), "-d", "2s", "-s", str(lua), url],
-                   capture_output=True, text=True, timeout=60)
+    if warmup_s > 0:
+        subprocess.run(["wrk", "-t", str(threads), "-c", str(conns), "-d", f"{warmup_s:g}s",
+                        "-s", str(lua), url], capture_output=True, text=True, timeout=60)
+    snap0 = snapshot() if snapshot else None
     before = srv.counters(model) if model else {}
     meter = CpuMeter(meter_pids or srv.processes())
     cmd = ["wrk", "-t", str(threads), "-c", str(conns), "-d", f"{duration}s", "--latency",
@@ -217,6 +222,7 @@ def run_wrk(srv: Server, model: str | None, x: np.ndarray | None, tmp: Path, dur
     used = meter.sample()
     out, _ = p.communicate(timeout=duration + 60)
     delta = counter_delta(before, srv.counters(model)) if model else {}
+    snap1 = snapshot() if snapshot else None
     m = re.search(r"^BENCH (.*)$", out, re.M)
     rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
     if not m or not rps:
@@ -226,7 +232,8 @@ def run_wrk(srv: Server, model: str | None, x: np.ndarray | None, tmp: Path, dur
     vals["non2xx_line"] = int(non2xx.group(1)) if non2xx else 0
     return {"rps": float(rps.group(1)), **vals, "server": delta,
             "cpu_pct": meter.percent(used, float(rps.group(1))),
-            "cmd": " ".join(cmd), "raw": out}
+            "cmd": " ".join(cmd), "raw": out,
+            **({"snapshot": (snap0, snap1)} if snapshot else {})}
 
 
 def grpc_body(model: str, x: np.ndarray) -> bytes:

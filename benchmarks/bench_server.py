@@ -131,12 +131,28 @@ def build_repository(root: Path, which: list[str]) -> Path:
             models.mlp(d, width=1024, layers=3)
         elif name == "identity":
             models.identity(d, "fp32")
-        models.write_config(d, (
-            f'name: "{name}"\nbackend: "onnxruntime"\nmax_batch_size: {MAX_BATCH}\n'
-            'instance_group [{ kind: KIND_CPU, count: 1 }]\n'
-            f'parameters {{ key: "intra_op_thread_count" value {{ string_value: '
-            f'"{MODEL_THREADS[name]}" }} }}\n'))
+        models.write_config(d, model_config(name, MODEL_THREADS[name]))
     return repo
+
+
+def model_config(name: str, threads: int, instances: int = 1,
+                 dynamic_batching: str | None = None, max_batch: int = MAX_BATCH,
+                 extra: str = "") -> str:
+    """config.pbtxt text: onnxruntime, max_batch_size, instance_group KIND_CPU x instances,
+    intra_op_thread_count; dynamic_batching (the block's body, "" for `dynamic_batching { }`)
+    when not None; then `extra` (e.g. input/output blocks) as is.
+
+    Note: without input and output blocks the server auto-completes the config with
+    Triton's onnxruntime rules, which add `dynamic_batching { }` when max_batch_size > 1 and
+    no scheduler is given; to measure a model without dynamic batching, pass its input and
+    output in `extra`."""
+    text = (f'name: "{name}"\nbackend: "onnxruntime"\nmax_batch_size: {max_batch}\n'
+            f'instance_group [{{ kind: KIND_CPU, count: {instances} }}]\n'
+            f'parameters {{ key: "intra_op_thread_count" value {{ string_value: '
+            f'"{threads}" }} }}\n')
+    if dynamic_batching is not None:
+        text += f"dynamic_batching {{ {dynamic_batching} }}\n".replace("{  }", "{ }")
+    return text + extra
 
 
 # --------------------------------------------------------------------------- server

@@ -37,6 +37,19 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-metrics", type=_bool, default=True)
     p.add_argument("--exit-timeout-secs", type=float, default=30.0)
     p.add_argument("--log-verbose", type=int, default=0)
+    p.add_argument("--rate-limit", choices=["off", "execution_count"], default="off",
+                   help="execution_count: instances run only while their resources are free")
+    p.add_argument("--rate-limit-resource", action="append", default=[], type=_resource,
+                   metavar="NAME:COUNT[:DEVICE]", help="resources available to the rate limiter")
+
+
+def _resource(v: str) -> str:
+    from services.scheduler.rate_limiter import parse_resource
+    try:
+        parse_resource(v)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return v
 
 
 def _bool(v: str) -> bool:
@@ -56,7 +69,8 @@ def _scheduler_settings(args: argparse.Namespace, frontend_addr: str, worker_add
         repository_poll_secs=args.repository_poll_secs, config_name=args.model_config_name,
         disable_autocomplete=args.disable_auto_complete_config,
         strict_readiness=args.strict_readiness, metrics_port=args.metrics_port,
-        allow_metrics=args.allow_metrics, host=host,
+        allow_metrics=args.allow_metrics, host=host, rate_limit=args.rate_limit,
+        rate_limit_resources=args.rate_limit_resource,
         worker_args=(["--no-shm"] if getattr(args, "no_shm", False) else [])
         + ["--inline-threshold", str(args.inline_threshold)])
 

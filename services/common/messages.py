@@ -3,8 +3,9 @@
 A message is a ZeroMQ multipart: ``[kind byte, msgpack header, *tensor frames]``.
 The kind byte lets the receiver pick a typed decoder without looking at the
 payload; tensor bytes never sit inside the header: they are either extra frames
-(small tensors, or when processes cannot share memory) or references into a
-shared-memory segment owned by the sender (see services/common/shm.py).
+(small tensors, or when processes cannot share memory; a TensorRef's ``frame`` counts
+from the first frame after the header) or references into a shared-memory segment
+owned by the sender (see services/common/shm.py).
 
 No pickle anywhere: headers are msgspec Structs encoded as msgpack arrays.
 """
@@ -26,6 +27,7 @@ class Kind(enum.IntEnum):
     LOAD_MODEL_REQUEST = 6
     UNLOAD_MODEL_REQUEST = 7
     GET_STATS = 8
+    INFER_REQUESTS = 9
     # scheduler -> frontend (INFER_RESULT also worker -> frontend)
     INFER_RESULT = 10
     MODEL_INFO = 11
@@ -33,6 +35,7 @@ class Kind(enum.IntEnum):
     CONTROL_DONE = 13
     REPOSITORY_CHANGED = 14
     STATS = 15
+    INFER_RESULTS = 16
     # scheduler -> worker
     LOAD_MODEL = 20
     EXECUTE_BATCH = 21
@@ -82,6 +85,12 @@ class InferRequest(_Msg):
     batch_size: int = 1
 
 
+class InferRequests(_Msg):
+    """Requests a frontend queued in one event-loop turn, sent as one message; their
+    TensorRef frame indexes count over the shared frames."""
+    requests: list[InferRequest]
+
+
 class ReleaseBlocks(_Msg):
     """The consumer is done with these output blocks; the scheduler forwards to the owner."""
     owner_pid: int
@@ -115,7 +124,7 @@ class GetStats(_Msg):
     """Statistics extension: every loaded version when ``model`` is empty."""
     ctl_id: int
     model: str = ""
-    version: int = 0               # 0: every version of the model
+    version: int = -1              # -1: every ready version of the model
 
 
 # ---------------------------------------------------------------- scheduler -> frontend
@@ -129,6 +138,11 @@ class InferResult(_Msg):
     # (1, 2, ...); 0 means unordered. Copied from the BatchItem by the worker.
     stream: int = 0
     order: int = 0
+
+
+class InferResults(_Msg):
+    """Several results for one frontend from one batch, sharing one list of frames."""
+    results: list[InferResult]
 
 
 class IOSpec(_Msg):
@@ -273,6 +287,7 @@ class BatchDone(_Msg):
 _KIND_OF: dict[type, Kind] = {
     FrontendHello: Kind.FRONTEND_HELLO,
     InferRequest: Kind.INFER_REQUEST,
+    InferRequests: Kind.INFER_REQUESTS,
     ReleaseBlocks: Kind.RELEASE_BLOCKS,
     GetModelInfo: Kind.GET_MODEL_INFO,
     GetIndex: Kind.GET_INDEX,
@@ -280,6 +295,7 @@ _KIND_OF: dict[type, Kind] = {
     UnloadModelRequest: Kind.UNLOAD_MODEL_REQUEST,
     GetStats: Kind.GET_STATS,
     InferResult: Kind.INFER_RESULT,
+    InferResults: Kind.INFER_RESULTS,
     ModelInfo: Kind.MODEL_INFO,
     Index: Kind.INDEX,
     ControlDone: Kind.CONTROL_DONE,

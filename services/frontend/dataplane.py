@@ -48,6 +48,7 @@ class DataPlane:
         self._configs: dict[str, dict] = {}
         self._info_waiters: dict[str, asyncio.Future] = {}
         self._streams: dict[int, list[Any]] = {}      # preserve_ordering state per stream
+        self._outbox: list[tuple[m.InferRequest, list[Any]]] = []
         self._generation = 0
         self._scheduler_ready = False
         self._arena: Arena | None = Arena("in") if settings.use_shm else None
@@ -88,6 +89,12 @@ class DataPlane:
                 self._deliver_in_order(msg, frames)
             else:
                 self._deliver(msg, frames)
+        elif isinstance(msg, m.InferResults):   # one batch's results share the frames
+            for r in msg.results:
+                if r.stream:
+                    self._deliver_in_order(r, frames)
+                else:
+                    self._deliver(r, frames)
         elif isinstance(msg, (m.ModelInfo, m.Index, m.ControlDone, m.Stats)):
             fut = self._pending.pop(msg.ctl_id, None)
             if fut is not None and not fut.done():
@@ -104,6 +111,29 @@ class DataPlane:
             else:
                 self._models.clear()
                 self._configs.clear()
+
+    def _submit(self, msg: m.InferRequest, frames: list[Any]) -> None:
+        """Requests made in one event-loop turn leave as one message at its end: under
+        load that is one ZeroMQ send (and one scheduler receive) for many requests."""
+        if not self._outbox:
+            asyncio.get_running_loop().call_soon(self._flush_outbox)
+        self._outbox.append((msg, frames))
+
+    def _flush_outbox(self) -> None:
+        box, self._outbox = self._outbox, []
+        if len(box) == 1:
+            self._send(*box[0])
+            return
+        frames: list[Any] = []
+        for msg, own in box:
+            if own:
+                base = len(frames)
+                if base:
+                    for t in msg.inputs:
+                        if t.frame >= 0:
+                            t.frame += base
+                frames.extend(own)
+        self._send(m.InferRequests([msg for msg, _ in box]), frames)
 
     def _deliver(self, msg: m.InferResult, frames: list[Any]) -> None:
         fut = self._pending.pop(msg.req_id, None)
@@ -226,11 +256,13 @@ class DataPlane:
 
     async def statistics(self, model: str = "", version: str = "") -> list[m.ModelStat]:
         """Statistics extension: every ready version ("" model), a model, or one version."""
-        if version and not version.isdigit():
-            raise TriremeError(Code.INVALID_ARG,
-                               f"requested model version is not available for model '{model}'")
-        reply: m.Stats = await self._call(m.GetStats(next(self._ids), model,
-                                                     int(version) if version else 0))
+        try:
+            v = int(version) if version else -1
+        except ValueError:
+            raise TriremeError(Code.INVALID_ARG, f"failed to get model version from specified "
+                               f"version string '{version}' (details: stoll), version should "
+                               f"be an integral value > 0") from None
+        reply: m.Stats = await self._call(m.GetStats(next(self._ids), model, max(v, -1)))
         if reply.error is not None:
             raise _error(reply.error)
         return reply.stats
@@ -270,7 +302,7 @@ class DataPlane:
                                  req.parameters, batch_size)
             fut = asyncio.get_running_loop().create_future()
             self._pending[req_id] = fut
-            self._send(msg, frames)
+            self._submit(msg, frames)
             result, rframes = await fut
         except asyncio.CancelledError:
             if fut is not None:

@@ -23,6 +23,7 @@ from protos import grpc_service_pb2 as pb
 from services.common.errors import Code, TriremeError
 
 from . import grpc_codec as codec
+from . import stats_codec
 from .settings import FrontendSettings
 
 log = logging.getLogger(__name__)
@@ -116,6 +117,11 @@ class GrpcService:
                           context) -> pb.ModelConfigResponse:
         config = await self._dp.model_config(request.name, request.version)
         return codec.model_config_to_proto(config)
+
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest,
+                              context) -> pb.ModelStatisticsResponse:
+        stats = await self._dp.statistics(request.name, request.version)
+        return stats_codec.stats_to_proto(stats)
 
     # -- model repository -----------------------------------------------------------------
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest,

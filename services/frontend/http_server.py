@@ -20,6 +20,7 @@ from aiohttp import web
 
 from ..common.errors import Code, TriremeError, invalid_arg
 from . import http_codec as codec
+from . import stats_codec
 from .settings import FrontendSettings
 
 __all__ = ["make_app", "start_http", "http_status"]
@@ -47,13 +48,12 @@ _JSON = "application/json"
 _BINARY = "application/octet-stream"
 _HEADER_LENGTH = "Inference-Header-Content-Length"
 
-# Triton's routing regexes (FullMatch). Kinds without a handler yet answer 404:
-# model generate / generate_stream / stats / trace/setting, /v2/models/stats, /v2/logging,
-# /v2/trace/setting, /v2/systemsharedmemory/..., /v2/cudasharedmemory/...
+# Triton's routing regexes (FullMatch); "/v2/models/stats" is an exact path, matched first.
+# Kinds without a handler yet answer 404: model generate / generate_stream / trace/setting,
+# /v2/logging, /v2/trace/setting, /v2/systemsharedmemory/..., /v2/cudasharedmemory/...
 _MODEL_RE = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?"
                        r"(?:/(infer|generate|generate_stream|ready|config|stats|trace/setting))?")
 _REPOSITORY_RE = re.compile(r"/v2/repository(?:/([^/]+))?/(index|models/([^/]+)/(load|unload))")
-_NOT_IMPLEMENTED_MODEL_PATHS = frozenset({"/v2/models/stats"})  # matched before _MODEL_RE
 
 
 def _json_response(payload: bytes, status: int = 200) -> web.Response:
@@ -137,11 +137,13 @@ class _Handlers:
             "/v2": self.server_metadata,
             "/v2/health/live": self.health_live,
             "/v2/health/ready": self.health_ready,
+            "/v2/models/stats": self.all_model_stats,
         }
         self._model_kinds = {
             "": self.model_metadata,
             "ready": self.model_ready,
             "config": self.model_config,
+            "stats": self.model_stats,
             "infer": self.infer,
         }
 
@@ -153,7 +155,7 @@ class _Handlers:
                 return await handler(request)
             if path.startswith("/v2/models/"):
                 m = _MODEL_RE.fullmatch(path)
-                if m is not None and path not in _NOT_IMPLEMENTED_MODEL_PATHS:
+                if m is not None:
                     handler = self._model_kinds.get(m.group(3) or "")
                     if handler is not None:
                         return await handler(request, m.group(1), _version(m.group(2)))
@@ -208,6 +210,17 @@ class _Handlers:
         if request.method != "GET":
             return _not_allowed()
         return _json_response(codec.encode_json(await self.dp.model_config(model, version)))
+
+    # ---- statistics -------------------------------------------------------------------
+    async def all_model_stats(self, request: web.Request) -> web.Response:
+        return await self.model_stats(request, "", "")
+
+    async def model_stats(self, request: web.Request, model: str,
+                          version: str) -> web.Response:
+        if request.method != "GET":
+            return _not_allowed()
+        stats = await self.dp.statistics(model, version)
+        return _json_response(codec.encode_json(stats_codec.stats_to_json(stats)))
 
     # ---- model repository ---------------------------------------------------------------
     async def repository(self, request: web.Request, repo: str | None, model: str | None,

@@ -59,9 +59,10 @@ class BatcherConfig:
         if not cfg.HasField("dynamic_batching") or cfg.max_batch_size <= 0:
             return cls(max_batch_size=max(cfg.max_batch_size, 0))
         db = cfg.dynamic_batching
+        # Triton: every shape tensor, and each variable-dim input not allow_ragged_batch.
         equal = frozenset(i.name for i in cfg.input
-                          if not i.allow_ragged_batch and (any(d < 0 for d in i.dims)
-                                                           or i.is_shape_tensor))
+                          if i.is_shape_tensor or (not i.allow_ragged_batch
+                                                   and any(d < 0 for d in i.dims)))
         levels = db.priority_levels
         policies = {lvl: _policy(db.priority_queue_policy[lvl]
                                  if lvl in db.priority_queue_policy else db.default_queue_policy)

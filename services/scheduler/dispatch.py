@@ -30,6 +30,7 @@ class Pending:
     dispatch_ns: int = 0
     stream: int = 0            # preserve_ordering: (stream, order) travel with the result
     order: int = 0
+    stats: Any = None          # the version's stats.VersionStats when it was queued
 
 
 @dataclass
@@ -60,9 +61,11 @@ class VersionQueue:
                  send_batch: Callable[[Instance, m.ExecuteBatch, list[Any]], None],
                  fail: Callable[[Pending, int, str, str], None],
                  call_later: Callable[[float, Callable[[], None]], Any],
-                 limiter: Any = None, clock: Callable[[], int] = time.monotonic_ns) -> None:
+                 limiter: Any = None, clock: Callable[[], int] = time.monotonic_ns,
+                 stats: Any = None) -> None:
         self.model = model
         self.version = version
+        self.stats = stats
         self.batcher = Batcher(config)
         self.send_batch = send_batch
         self.fail = fail
@@ -139,6 +142,7 @@ class VersionQueue:
         batch_id = next(_batch_ids)
         items = []
         frames: list[Any] = []
+        bases: dict[int, int] = {}      # id(frame list) -> its first index in `frames`
         for p in batch:
             p.dispatch_ns = now
             if self._stream:
@@ -146,13 +150,16 @@ class VersionQueue:
                 p.order = self._orders[p.frontend] = self._orders.get(p.frontend, 0) + 1
             r = p.req
             inputs = r.inputs
-            if frames or p.frames:
-                # Frame indexes are per message: shift this request's past the ones before.
-                base = len(frames)
+            if p.frames:
+                # Frame indexes are per message; requests that came in one message share
+                # its frame list, so each list is sent once and indexes shift by its base.
+                base = bases.get(id(p.frames))
+                if base is None:
+                    base = bases[id(p.frames)] = len(frames)
+                    frames.extend(p.frames)
                 if base:
                     inputs = [m.TensorRef(t.name, t.datatype, t.shape, t.nbytes, t.frame + base)
                               if t.frame >= 0 else t for t in inputs]
-                frames.extend(p.frames)
             items.append(m.BatchItem(r.reply_to, r.req_id, inputs, r.outputs, r.parameters,
                                      r.batch_size, p.stream, p.order))
         inst.inflight[batch_id] = batch

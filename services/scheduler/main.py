@@ -68,7 +68,7 @@ class Scheduler:
         self.settings = settings
         self.frontends: set[bytes] = set()
         self.stats = StatsRegistry()
-        self.metrics = Metrics(self.stats)
+        self.metrics = Metrics(self.stats, self._loaded_versions)
         self.limiter = (RateLimiter(settings.rate_limit_resources)
                         if settings.rate_limit == "execution_count" else None)
         # Triton's batching test hook: each batcher holds requests until this many are queued.
@@ -150,6 +150,9 @@ class Scheduler:
         msg, frames = m.decode(parts[1:])
         if isinstance(msg, m.InferRequest):
             self._infer(identity, msg, frames)
+        elif isinstance(msg, m.InferRequests):   # they share `frames` (indexes count over it)
+            for req in msg.requests:
+                self._infer(identity, req, frames)
         elif isinstance(msg, m.ReleaseBlocks):
             inst = self._by_pid.get(msg.owner_pid)
             if inst is not None:
@@ -198,8 +201,9 @@ class Scheduler:
                                f"'{req.model}' version {v} is not at ready state")
             return
         req.version = vs.version
-        self.stats.get(req.model, vs.version).pending += 1
-        p = Pending(identity, req, frames, time.monotonic_ns())
+        stats = vs.queue.stats
+        stats.pending += 1
+        p = Pending(identity, req, frames, time.monotonic_ns(), stats=stats)
         try:
             vs.queue.enqueue(p)
         except TriremeError as e:    # the queue is full
@@ -208,15 +212,19 @@ class Scheduler:
     def _make_queue(self, model: str, version: int, config: Any) -> VersionQueue:
         return VersionQueue(model, version, BatcherConfig.from_model_config(config, self.delay_count),
                             self._send_batch, self._fail, asyncio.get_running_loop().call_later,
-                            self.limiter)
+                            self.limiter, stats=self.stats.fresh(model, version))
 
     def _fail_req(self, identity: bytes, req: m.InferRequest, code: int, message: str) -> None:
         self._send_frontend(identity, m.InferResult(req.req_id, error=m.ErrorRecord(int(code), message)))
 
     def _fail(self, p: Pending, code: int, message: str, reason: str = "OTHER") -> None:
-        self.stats.get(p.req.model, p.req.version).failed(time.monotonic_ns() - p.arrival_ns, reason)
+        p.stats.failed(time.monotonic_ns() - p.arrival_ns, reason)
         self._send_frontend(p.frontend, m.InferResult(
             p.req.req_id, error=m.ErrorRecord(int(code), message), stream=p.stream, order=p.order))
+
+    def _loaded_versions(self) -> set[tuple[str, int]]:
+        return {(n, v) for n, e in self.models.models.items()
+                for v, s in e.versions.items() if s.state == "READY"}
 
     def _statistics(self, msg: m.GetStats) -> m.Stats:
         """The statistics extension: every ready version, one model, or one version."""
@@ -228,11 +236,11 @@ class Scheduler:
             if not ready:
                 return m.Stats(msg.ctl_id, error=m.ErrorRecord(
                     int(Code.INVALID_ARG), f"requested model '{msg.model}' is not available"))
-            if msg.version and msg.version not in ready:
+            if msg.version >= 0 and msg.version not in ready:
                 return m.Stats(msg.ctl_id, error=m.ErrorRecord(
                     int(Code.INVALID_ARG),
                     f"requested model version is not available for model '{msg.model}'"))
-            versions = [(msg.model, v) for v in ([msg.version] if msg.version else ready)]
+            versions = [(msg.model, v) for v in ([msg.version] if msg.version >= 0 else ready)]
         else:
             versions = [(n, v) for n, e in sorted(self.models.models.items())
                         for v, s in sorted(e.versions.items()) if s.state == "READY"]
@@ -286,7 +294,7 @@ class Scheduler:
             entry = self.models.models.get(inst.model)
             batch = inst.inflight.get(msg.batch_id)
             if batch is not None:
-                self.stats.get(inst.model, inst.version).executed(
+                batch[0].stats.executed(
                     sum(p.req.batch_size for p in batch),
                     [(p.arrival_ns, p.dispatch_ns) for p in batch], msg.failed,
                     (msg.compute_input_ns, msg.compute_infer_ns, msg.compute_output_ns),
@@ -354,6 +362,8 @@ class Scheduler:
     async def _stop_instance(self, inst: Instance) -> None:
         self._by_pid.pop(inst.pid, None)
         self._workers.pop(inst.worker_id, None)
+        if self.limiter is not None:    # its resources stop counting toward the defaults
+            self.limiter.unregister(inst)
         if inst.handle is not None:
             await inst.handle.stop()
 

@@ -11,6 +11,8 @@ that forms smaller batches than expected shows up on a dashboard.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from aiohttp import web
 
 from services.scheduler.stats import BATCH_BUCKETS, StatsRegistry, VersionStats
@@ -59,11 +61,13 @@ def _escape(v: str) -> str:
 
 
 class Metrics:
-    def __init__(self, stats: StatsRegistry) -> None:
+    def __init__(self, stats: StatsRegistry, loaded: Callable[[], set]) -> None:
         self.stats = stats
+        self.loaded = loaded        # () -> {(model, version)} ready now: unloaded ones drop out
 
     def render(self) -> str:
-        rows = sorted(self.stats.versions.items())
+        live = self.loaded()
+        rows = sorted((k, s) for k, s in self.stats.versions.items() if k in live)
         labels = {key: f'model="{_escape(key[0])}",version="{key[1]}"' for key, _ in rows}
         out: list[str] = []
         for family, (kind, text, value) in COUNTERS.items():

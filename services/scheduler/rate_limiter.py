@@ -46,13 +46,19 @@ class RateLimiter:
     def unregister(self, inst: Any) -> None:
         for d in (self.needs, self.weights, self.served):
             d.pop(id(inst), None)
+        # Triton recomputes the defaults from the instances left (UpdateResourceLimits).
+        self.largest = {}
+        for needs in self.needs.values():
+            for key, n in needs:
+                self.largest[key] = max(self.largest.get(key, 0), n)
 
     def available(self, key: tuple[str, int]) -> int:
         name, device = key
-        for k in ((name, device), (name, None)):
-            if k in self.limits:
-                return self.limits[k]
-        return self.largest.get(key, 0)
+        # Triton takes the largest count given: for a global resource, over every device's
+        # flag; for a device's, over its own flag and the per-device one.
+        counts = [c for (n, d), c in self.limits.items()
+                  if n == name and (device == -2 or d is None or d == device)]
+        return max(counts) if counts else self.largest.get(key, 0)
 
     def _fits(self, inst: Any) -> bool:
         return all(self.used.get(k, 0) + n <= self.available(k) for k, n in self.needs.get(id(inst), ()))

@@ -91,8 +91,16 @@ class VersionStats:
 
 
 class StatsRegistry:
+    """The record of each loaded version. A (re)load starts a fresh record, as Triton's new
+    model object does; requests still running on the old one update the old record, which
+    they hold a reference to."""
+
     def __init__(self) -> None:
         self.versions: dict[tuple[str, int], VersionStats] = {}
+
+    def fresh(self, model: str, version: int) -> VersionStats:
+        s = self.versions[(model, version)] = VersionStats()
+        return s
 
     def get(self, model: str, version: int) -> VersionStats:
         s = self.versions.get((model, version))

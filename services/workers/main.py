@@ -118,6 +118,7 @@ class Worker:
         items = batch.items
         failed = 0
         t1 = t2 = t0
+        replies: dict[str, tuple[list[m.InferResult], list[Any]]] = {}
         try:
             # 1. gather: a single request is used in place; a batch is one copy per input.
             per_item = [{r.name: self._array(r, frames) for r in it.inputs} for it in items]
@@ -130,7 +131,8 @@ class Worker:
             # 2. run
             outputs = self.backend.execute(inputs, wanted)
             t2 = time.perf_counter_ns()
-            # 3. scatter: split back per request as views, then send each its result.
+            # 3. scatter: split back per request as views; one message per frontend carries
+            #    all of its results (ZeroMQ costs per message, not per byte).
             start = 0
             for it in items:
                 stop = start + it.batch_size
@@ -139,9 +141,13 @@ class Worker:
                 else:
                     mine = {k: v[start:stop] for k, v in outputs.items()}
                 names = it.outputs or list(mine)
-                self._send_result(it, [(n, mine[n]) for n in names])
+                self._add_result(replies, it, [(n, mine[n]) for n in names])
                 start = stop
+            self._flush(replies)
         except Exception as e:
+            for results, _ in replies.values():     # blocks of results never sent
+                self.release([(r.segment, r.offset) for res in results for r in res.outputs
+                              if r.segment])
             code, text = (e.code, e.message) if isinstance(e, TriremeError) else (Code.INTERNAL, str(e))
             if not isinstance(e, TriremeError):
                 log.exception("execution failed")
@@ -154,9 +160,10 @@ class Worker:
         self.sock.send_multipart(m.encode(m.BatchDone(
             batch.batch_id, self.worker_id, t1 - t0, t2 - t1, t3 - t2, failed)))
 
-    def _send_result(self, item: m.BatchItem, outputs: list[tuple[str, np.ndarray]]) -> None:
+    def _add_result(self, replies: dict, item: m.BatchItem,
+                    outputs: list[tuple[str, np.ndarray]]) -> None:
+        results, frames = replies.get(item.reply_to) or replies.setdefault(item.reply_to, ([], []))
         refs: list[m.TensorRef] = []
-        frames: list[Any] = []
         for name, arr in outputs:
             datatype, data = _to_wire(arr)
             nbytes = len(data)
@@ -173,10 +180,14 @@ class Worker:
                 ref.frame = len(frames)
                 frames.append(data)
             refs.append(ref)
-        self._push(item.reply_to, m.InferResult(item.req_id, outputs=refs, stream=item.stream,
-                                                order=item.order), frames)
+        results.append(m.InferResult(item.req_id, outputs=refs, stream=item.stream, order=item.order))
 
-    def _push(self, address: str, msg: m.InferResult, frames: list[Any] = ()) -> None:
+    def _flush(self, replies: dict) -> None:
+        for address, (results, frames) in replies.items():
+            self._push(address, results[0] if len(results) == 1 else m.InferResults(results), frames)
+        replies.clear()
+
+    def _push(self, address: str, msg: Any, frames: list[Any] = ()) -> None:
         sock = self.pushers.get(address)
         if sock is None:
             sock = transport.socket(zmq.PUSH)

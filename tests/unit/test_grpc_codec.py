@@ -536,10 +536,9 @@ def test_service_unary_rpcs():
                         pb.RepositoryModelUnloadResponse)
         await unload(pb.RepositoryModelUnloadRequest(model_name="m"))
         assert dp.calls == [("unload", "m", {"unload_dependents": False})]
-        stats = method(ch, "ModelStatistics", pb.ModelStatisticsRequest,
-                       pb.ModelStatisticsResponse)
+        trace = method(ch, "TraceSetting", pb.TraceSettingRequest, pb.TraceSettingResponse)
         with pytest.raises(grpc.aio.AioRpcError) as info:
-            await stats(pb.ModelStatisticsRequest())
+            await trace(pb.TraceSettingRequest())
         assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
         health = ch.unary_unary("/grpc.health.v1.Health/Check")
         assert await health(b"") == b"\x08\x01"

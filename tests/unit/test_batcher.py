@@ -1,0 +1,714 @@
+"""services.scheduler.batcher and dispatch.VersionQueue, over an injected clock.
+
+The Batcher never reads a clock: every call takes ``now_ns``, so each test gives an exact
+arrival pattern and the exact batches Triton's DynamicBatchScheduler::GetDynamicBatch and
+PriorityQueue would form for it. VersionQueue is driven by a fake clock, a fake call_later
+and list-recording callbacks: no event loop, no sleeping.
+"""
+
+from __future__ import annotations
+
+import pytest
+from google.protobuf import text_format
+
+from protos import model_config_pb2 as mc
+from services.common import messages as m
+from services.common.errors import Code, TriremeError
+from services.scheduler.batcher import (QUEUE_FULL, TIMEOUT_EXPIRED, Batcher, BatcherConfig,
+                                        QueuePolicy)
+from services.scheduler.dispatch import Instance, Pending, VersionQueue
+
+US = 1_000
+MS = 1_000_000
+LONG = 10_000 * MS          # a queue delay no test reaches by accident
+
+
+def dyn(**kw) -> BatcherConfig:
+    kw.setdefault("max_batch_size", 8)
+    return BatcherConfig(dynamic=True, **kw)
+
+
+def fill(b: Batcher, names: str, now: int = 0, step: int = 0, **kw) -> None:
+    """Queue one request per character of ``names``, ``step`` ns apart from ``now``."""
+    for i, n in enumerate(names):
+        b.enqueue(n, now + i * step, **kw)
+
+
+def batch(b: Batcher, now: int) -> str:
+    d = b.next_batch(now)
+    assert d.rejected == []
+    return "".join(d.batch)
+
+
+# ------------------------------------------------------------------------ preferred sizes
+def test_single_request_waits_for_the_rest_of_the_delay():
+    b = Batcher(dyn(preferred=(2, 6), max_queue_delay_ns=10 * MS))
+    b.enqueue("a", 0)
+    d = b.next_batch(3 * MS)
+    assert (d.batch, d.rejected, d.wait_ns) == ([], [], 7 * MS)
+    assert len(b) == 1
+
+
+def test_reaching_a_preferred_size_sends_at_once():
+    b = Batcher(dyn(preferred=(2, 6), max_queue_delay_ns=LONG))
+    fill(b, "ab")
+    d = b.next_batch(0)
+    assert (d.batch, d.wait_ns) == (["a", "b"], None)
+    assert len(b) == 0
+    assert b.next_batch(0).wait_ns is None        # empty: nothing to wait for
+
+
+def test_seven_queued_sends_six_then_the_rest_after_its_delay():
+    b = Batcher(dyn(preferred=(2, 6), max_batch_size=8, max_queue_delay_ns=LONG))
+    fill(b, "abcdefg", step=US)
+    assert batch(b, 10 * US) == "abcdef"
+    # "g" arrived at 6 us: it waits for the rest of its own delay, then goes alone.
+    assert b.next_batch(10 * US).wait_ns == LONG - 4 * US
+    assert batch(b, 6 * US + LONG - 1) == ""
+    assert batch(b, 6 * US + LONG) == "g"
+
+
+def test_five_unit_requests_send_the_preferred_prefix():
+    # Triton remembers the largest *prefix* that is a preferred size: with [2, 6] five
+    # single requests give 2 at once (then 2 again), not one batch of 5.
+    b = Batcher(dyn(preferred=(2, 6), max_queue_delay_ns=LONG))
+    fill(b, "abcde")
+    assert batch(b, 0) == "ab"
+    assert batch(b, 0) == "cd"
+    assert b.next_batch(0).wait_ns == LONG
+
+
+def test_five_without_a_preferred_prefix_waits_then_goes_whole():
+    b = Batcher(dyn(preferred=(2, 6), max_queue_delay_ns=1 * MS))
+    b.enqueue("x", 0, batch_size=3)
+    b.enqueue("y", 100 * US, batch_size=2)        # 3, then 5: no prefix is preferred
+    d = b.next_batch(200 * US)
+    assert (d.batch, d.wait_ns) == ([], 800 * US)  # measured from the oldest, "x"
+    assert batch(b, 1 * MS) == "xy"
+
+
+def test_delay_expiry_exactly_at_the_boundary_sends():
+    b = Batcher(dyn(preferred=(4,), max_queue_delay_ns=100 * US))
+    b.enqueue("a", 5 * US)
+    assert b.next_batch(105 * US - 1).wait_ns == 1
+    assert batch(b, 105 * US) == "a"              # age == delay: exceeded
+
+
+def test_delay_zero_sends_whatever_is_pending():
+    b = Batcher(dyn(preferred=(4,), max_queue_delay_ns=0))
+    b.enqueue("a", 0)
+    assert batch(b, 0) == "a"
+    fill(b, "bcd")
+    assert batch(b, 0) == "bcd"
+
+
+def test_preferred_size_wins_over_a_larger_pending_batch():
+    # 1+1 = 2 is preferred, 2+4 = 6 is not (and 6 > the largest preferred, 4): send 2.
+    b = Batcher(dyn(preferred=(2, 4), max_queue_delay_ns=LONG))
+    b.enqueue("a", 0)
+    b.enqueue("b", 0)
+    b.enqueue("c", 0, batch_size=4)
+    assert batch(b, 0) == "ab"
+    assert batch(b, 0) == "c"                     # 4 is preferred
+
+
+def test_crossing_the_largest_preferred_size_marks_the_batch():
+    # 3 is not preferred, but 3+3 would pass the largest preferred size (4): Triton marks
+    # the cursor there and sends the 3 while it is within the delay, not 6.
+    b = Batcher(dyn(preferred=(4,), max_batch_size=8, max_queue_delay_ns=LONG))
+    fill(b, "ab", batch_size=3)
+    assert batch(b, 0) == "a"
+    assert b.next_batch(0).wait_ns == LONG
+
+
+def test_after_the_delay_the_largest_pending_batch_goes():
+    # Delay exceeded: the preferred prefix no longer matters, everything that fits goes.
+    b = Batcher(dyn(preferred=(2, 6), max_queue_delay_ns=1 * MS))
+    fill(b, "abc")
+    assert batch(b, 1 * MS) == "abc"
+
+
+# ------------------------------------------------------------------------ max_batch_size
+def test_max_batch_size_with_multi_row_requests():
+    b = Batcher(dyn(max_batch_size=8, max_queue_delay_ns=1 * MS))
+    fill(b, "abc", batch_size=3)
+    assert batch(b, 0) == "ab"                    # 3+3; another 3 would make 9 > 8
+    d = b.next_batch(0)
+    assert (d.batch, d.wait_ns) == ([], 1 * MS)
+    assert batch(b, 1 * MS) == "c"
+
+
+def test_request_as_large_as_max_batch_size_goes_alone():
+    b = Batcher(dyn(max_batch_size=4, max_queue_delay_ns=LONG))
+    b.enqueue("a", 0, batch_size=4)
+    b.enqueue("b", 0)
+    assert batch(b, 0) == "a"
+    assert b.next_batch(0).wait_ns == LONG
+
+
+def test_no_preferred_sizes_behaves_as_max_batch_size():
+    b = Batcher(dyn(preferred=(), max_batch_size=4, max_queue_delay_ns=LONG))
+    fill(b, "abc")
+    assert b.next_batch(0).wait_ns == LONG        # 3 < 4: wait for more
+    b.enqueue("d", 0)
+    assert batch(b, 0) == "abcd"
+    fill(b, "efghi")
+    assert batch(b, 0) == "efgh"
+    assert b.next_batch(0).batch == []
+
+
+# ------------------------------------------------------------------------ shapes
+def _model(inputs: str, batching: str = "dynamic_batching { max_queue_delay_microseconds: 1000 }",
+           max_batch_size: int = 8) -> mc.ModelConfig:
+    return text_format.Parse(f'name: "m" backend: "python" max_batch_size: {max_batch_size} '
+                             f'{inputs} {batching}', mc.ModelConfig())
+
+
+VAR = 'input [ { name: "x" data_type: TYPE_FP32 dims: [ -1 ] } ]'
+RAGGED = 'input [ { name: "x" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ]'
+FIXED = 'input [ { name: "x" data_type: TYPE_FP32 dims: [ 3 ] } ]'
+
+
+def _shaped(cfg: BatcherConfig, *dims: int) -> Batcher:
+    b = Batcher(cfg)
+    for i, d in enumerate(dims):
+        b.enqueue("abcdefgh"[i], 0, shapes={"x": [1, d]})
+    return b
+
+
+def test_variable_dim_input_splits_at_a_shape_change():
+    cfg = BatcherConfig.from_model_config(_model(VAR))
+    assert cfg.equal_shape_inputs == {"x"}
+    b = _shaped(cfg, 3, 3, 5, 5)
+    assert batch(b, 0) == "ab"                    # the break sends at once
+    assert b.next_batch(0).wait_ns == 1 * MS      # "cd" can still grow
+    assert batch(b, 1 * MS) == "cd"
+
+
+def test_batch_dimension_is_not_part_of_the_shape():
+    b = Batcher(BatcherConfig.from_model_config(_model(VAR)))
+    b.enqueue("a", 0, batch_size=2, shapes={"x": [2, 3]})
+    b.enqueue("b", 0, batch_size=1, shapes={"x": [1, 3]})
+    assert batch(b, 1 * MS) == "ab"
+
+
+def test_allow_ragged_batch_does_not_split():
+    cfg = BatcherConfig.from_model_config(_model(RAGGED))
+    assert cfg.equal_shape_inputs == frozenset()
+    b = _shaped(cfg, 3, 3, 5, 5)
+    assert b.next_batch(0).wait_ns == 1 * MS
+    assert batch(b, 1 * MS) == "abcd"
+
+
+def test_fixed_dims_input_never_splits():
+    cfg = BatcherConfig.from_model_config(_model(FIXED))
+    assert cfg.equal_shape_inputs == frozenset()
+    b = _shaped(cfg, 3, 4)                        # shapes are not even looked at
+    assert batch(b, 1 * MS) == "ab"
+
+
+def test_shape_tensor_is_always_equal_shape():
+    # Triton enforces equal shapes for every shape tensor, allow_ragged_batch or not.
+    cfg = BatcherConfig.from_model_config(_model(
+        'input [ { name: "x" data_type: TYPE_INT32 dims: [ 1 ] is_shape_tensor: true '
+        'allow_ragged_batch: true } ]'))
+    assert cfg.equal_shape_inputs == {"x"}
+
+
+def test_optional_input_splits_on_a_different_set_of_inputs():
+    cfg = BatcherConfig.from_model_config(_model(
+        'input [ { name: "x" data_type: TYPE_FP32 dims: [ 3 ] }, '
+        '        { name: "y" data_type: TYPE_FP32 dims: [ 3 ] optional: true } ]'))
+    assert cfg.has_optional_input
+    b = Batcher(cfg)
+    b.enqueue("a", 0, shapes={"x": [1, 3]})
+    b.enqueue("b", 0, shapes={"x": [1, 3]})
+    b.enqueue("c", 0, shapes={"x": [1, 3], "y": [1, 3]})
+    assert batch(b, 0) == "ab"
+    assert batch(b, 1 * MS) == "c"
+
+
+# ------------------------------------------------------------------------ priorities
+def test_priority_level_one_is_batched_first():
+    b = Batcher(dyn(max_batch_size=2, max_queue_delay_ns=0, priority_levels=2,
+                    default_priority=2))
+    b.enqueue("a", 0, priority=2)
+    b.enqueue("b", 1, priority=2)
+    b.enqueue("c", 2, priority=1)
+    assert batch(b, 10) == "ca"
+    assert batch(b, 10) == "b"
+
+
+def test_priority_zero_or_above_levels_means_the_default_level():
+    b = Batcher(dyn(max_batch_size=1, max_queue_delay_ns=0, priority_levels=3,
+                    default_priority=2))
+    assert [b.level_of(p) for p in (0, 1, 2, 3, 4, 99)] == [2, 1, 2, 3, 2, 2]
+    b.enqueue("a", 0, priority=3)
+    b.enqueue("b", 1, priority=7)                 # -> 2
+    b.enqueue("c", 2, priority=0)                 # -> 2
+    b.enqueue("d", 3, priority=1)
+    assert [batch(b, 10) for _ in range(4)] == ["d", "b", "c", "a"]
+
+
+def test_without_priority_levels_priorities_are_ignored():
+    b = Batcher(dyn(max_batch_size=1, max_queue_delay_ns=0))
+    b.enqueue("a", 0, priority=5)
+    b.enqueue("b", 1, priority=1)
+    assert [batch(b, 2), batch(b, 2)] == ["a", "b"]
+
+
+# ------------------------------------------------------------------------ timeouts
+def test_reject_policy_rejects_expired_requests():
+    b = Batcher(dyn(preferred=(4,), max_queue_delay_ns=1 * MS,
+                    policies={1: QueuePolicy(default_timeout_us=100)}))
+    b.enqueue("a", 0)
+    b.enqueue("b", 50 * US)
+    d = b.next_batch(50 * US)
+    assert (d.batch, d.rejected, d.wait_ns) == ([], [], 50 * US)   # bounded by a's deadline
+    d = b.next_batch(100 * US + 1)
+    assert (d.batch, d.rejected) == ([], ["a"])
+    assert d.wait_ns == 150 * US - (100 * US + 1)                  # now b's deadline
+    assert len(b) == 1
+    d = b.next_batch(150 * US + 1)
+    assert (d.batch, d.rejected, d.wait_ns) == ([], ["b"], None)
+    assert len(b) == 0
+
+
+def test_rejected_requests_come_with_the_batch_that_follows_them():
+    b = Batcher(dyn(max_batch_size=2, max_queue_delay_ns=0,
+                    policies={1: QueuePolicy(default_timeout_us=100)}))
+    b.enqueue("a", 0)
+    b.enqueue("b", 200 * US)
+    d = b.next_batch(200 * US)
+    assert (d.batch, d.rejected) == (["b"], ["a"])
+
+
+def test_delay_policy_moves_expired_behind_on_time_requests():
+    b = Batcher(dyn(max_batch_size=8, preferred=(3,), max_queue_delay_ns=1 * MS,
+                    policies={1: QueuePolicy(delay_on_timeout=True, default_timeout_us=100)}))
+    b.enqueue("a", 0)
+    b.enqueue("b", 200 * US)
+    b.enqueue("c", 200 * US)
+    assert batch(b, 200 * US) == "bca"            # a expired: behind b and c, not rejected
+
+
+def test_delayed_request_is_still_sent_and_has_no_deadline_left():
+    b = Batcher(dyn(max_batch_size=2, max_queue_delay_ns=1 * MS,
+                    policies={1: QueuePolicy(delay_on_timeout=True, default_timeout_us=100)}))
+    b.enqueue("a", 0)
+    b.enqueue("b", 200 * US)
+    b.enqueue("c", 200 * US)
+    assert batch(b, 200 * US) == "bc"
+    d = b.next_batch(200 * US)
+    assert (d.batch, d.rejected, d.wait_ns) == ([], [], 800 * US)  # its age still counts
+    assert batch(b, 1 * MS) == "a"
+
+
+def test_delay_policy_only_reorders_within_its_level():
+    b = Batcher(dyn(max_batch_size=1, max_queue_delay_ns=0, priority_levels=2,
+                    default_priority=2,
+                    policies={1: QueuePolicy(delay_on_timeout=True, default_timeout_us=100),
+                              2: QueuePolicy()}))
+    b.enqueue("a", 0, priority=1)
+    b.enqueue("b", 0, priority=2)
+    b.enqueue("c", 200 * US, priority=1)
+    assert [batch(b, 200 * US) for _ in range(3)] == ["c", "a", "b"]
+
+
+@pytest.mark.parametrize("default_us, override, request_us, expect_wait", [
+    (100, True, 50, 50 * US),         # shorter: applies
+    (100, True, 500, 100 * US),       # longer: the default stays
+    (100, False, 50, 100 * US),       # override not allowed
+    (0, True, 50, 1 * MS),            # no default timeout: a request cannot add one
+    (100, True, 0, 100 * US),         # no request timeout: the default
+])
+def test_timeout_override_only_shortens(default_us, override, request_us, expect_wait):
+    b = Batcher(dyn(preferred=(4,), max_queue_delay_ns=1 * MS, policies={1: QueuePolicy(
+        default_timeout_us=default_us, allow_timeout_override=override)}))
+    b.enqueue("a", 0, timeout_us=request_us)
+    assert b.next_batch(0).wait_ns == expect_wait
+    d = b.next_batch(expect_wait + 1)
+    if expect_wait < 1 * MS:
+        assert (d.batch, d.rejected) == ([], ["a"])
+    else:
+        assert (d.batch, d.rejected) == (["a"], [])
+
+
+def test_wait_is_bounded_by_the_nearest_deadline_of_the_pending_batch():
+    b = Batcher(dyn(preferred=(8,), max_queue_delay_ns=1 * MS, policies={1: QueuePolicy(
+        default_timeout_us=900, allow_timeout_override=True)}))
+    b.enqueue("a", 0)                             # deadline 900 us
+    b.enqueue("b", 100 * US, timeout_us=300)      # deadline 400 us: the nearest
+    b.enqueue("c", 200 * US)                      # deadline 1100 us
+    assert b.next_batch(200 * US).wait_ns == 200 * US
+    d = b.next_batch(400 * US + 1)
+    assert (d.batch, d.rejected) == ([], ["b"])
+    assert d.wait_ns == 900 * US - (400 * US + 1)
+
+
+def test_request_within_its_timeout_is_not_rejected():
+    b = Batcher(dyn(max_queue_delay_ns=0, policies={1: QueuePolicy(default_timeout_us=100)}))
+    b.enqueue("a", 0)
+    d = b.next_batch(100 * US - 1)
+    assert (d.batch, d.rejected) == (["a"], [])
+
+
+# ------------------------------------------------------------------------ queue size
+def test_max_queue_size_is_per_level():
+    b = Batcher(dyn(max_queue_delay_ns=LONG, priority_levels=2, default_priority=2,
+                    policies={1: QueuePolicy(max_queue_size=2), 2: QueuePolicy(max_queue_size=1)}))
+    b.enqueue("a", 0, priority=1)
+    b.enqueue("b", 0, priority=1)
+    with pytest.raises(TriremeError) as ei:
+        b.enqueue("c", 0, priority=1)
+    assert ei.value.code == Code.UNAVAILABLE
+    assert str(ei.value) == QUEUE_FULL == "Exceeds maximum queue size"
+    b.enqueue("d", 0, priority=2)                 # another level: room
+    with pytest.raises(TriremeError):
+        b.enqueue("e", 0, priority=0)             # default level 2 is full now
+    assert len(b) == 3
+    assert batch(b, LONG) == "abd"
+    b.enqueue("f", 0, priority=1)                 # room again
+
+
+def test_delayed_requests_count_toward_the_queue_size():
+    b = Batcher(dyn(max_batch_size=1, preferred=(1,), max_queue_delay_ns=LONG,
+                    policies={1: QueuePolicy(delay_on_timeout=True, default_timeout_us=1,
+                                             max_queue_size=2)}))
+    b.enqueue("a", 0)
+    b.enqueue("b", 0)
+    assert batch(b, 10 * US) == "a"               # both expired: a and b are now delayed
+    b.enqueue("c", 10 * US)
+    with pytest.raises(TriremeError):
+        b.enqueue("d", 10 * US)
+
+
+# ------------------------------------------------------------------------ delay hook
+def test_delay_scheduler_hook_holds_until_n_are_queued_once():
+    b = Batcher(dyn(max_queue_delay_ns=0, delay_count=3))
+    b.enqueue("a", 0)
+    assert (b.next_batch(0).batch, b.next_batch(0).wait_ns) == ([], None)
+    b.enqueue("b", 0)
+    assert b.next_batch(LONG).batch == []         # not even an expired delay sends
+    b.enqueue("c", 0)
+    assert batch(b, 0) == "abc"
+    b.enqueue("d", 0)                             # the hook is spent: normal behaviour
+    assert batch(b, 0) == "d"
+
+
+def test_delay_scheduler_hook_from_model_config():
+    cfg = BatcherConfig.from_model_config(_model(FIXED), delay_count=2)
+    assert cfg.delay_count == 2
+    b = Batcher(cfg)
+    b.enqueue("a", 0)
+    assert b.next_batch(1 * MS).batch == []
+    b.enqueue("b", 0)
+    assert batch(b, 1 * MS) == "ab"
+
+
+# ------------------------------------------------------------------------ no dynamic batching
+def test_without_dynamic_batching_one_request_per_batch_in_order():
+    b = Batcher(BatcherConfig(max_batch_size=8))
+    fill(b, "abc", step=1)
+    assert [b.next_batch(10).batch for _ in range(3)] == [["a"], ["b"], ["c"]]
+    assert b.next_batch(10).batch == []
+
+
+def test_without_dynamic_batching_from_model_config():
+    cfg = BatcherConfig.from_model_config(_model(FIXED, batching=""))
+    assert not cfg.dynamic and cfg.max_batch_size == 8
+    b = Batcher(cfg)
+    b.enqueue("a", 0, batch_size=2)
+    b.enqueue("b", 0, batch_size=2)
+    d = b.next_batch(0)
+    assert (d.batch, d.wait_ns) == (["a"], None)
+    assert b.next_batch(0).batch == ["b"]
+
+
+def test_max_batch_size_zero_never_batches():
+    cfg = BatcherConfig.from_model_config(_model(FIXED, max_batch_size=0))
+    assert not cfg.dynamic and cfg.max_batch_size == 0
+
+
+# ------------------------------------------------------------------------ from_model_config
+def test_from_model_config_reads_every_field():
+    cfg = BatcherConfig.from_model_config(_model(VAR, batching="""
+        dynamic_batching {
+          preferred_batch_size: [ 6, 2, 6 ]
+          max_queue_delay_microseconds: 250
+          preserve_ordering: true
+          priority_levels: 3
+          default_priority_level: 2
+          default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 70
+                                 allow_timeout_override: true max_queue_size: 4 }
+          priority_queue_policy { key: 1 value { max_queue_size: 9 } }
+        }"""))
+    assert cfg.dynamic and cfg.max_batch_size == 8
+    assert cfg.preferred == (2, 6)
+    assert cfg.max_queue_delay_ns == 250 * US
+    assert cfg.preserve_ordering
+    assert (cfg.priority_levels, cfg.default_priority) == (3, 2)
+    default = QueuePolicy(delay_on_timeout=True, default_timeout_us=70,
+                          allow_timeout_override=True, max_queue_size=4)
+    assert cfg.policies == {1: QueuePolicy(max_queue_size=9), 2: default, 3: default}
+    assert cfg.equal_shape_inputs == {"x"} and not cfg.has_optional_input
+    assert cfg.delay_count == 0
+
+
+def test_from_model_config_batches_like_a_direct_config():
+    cfg = BatcherConfig.from_model_config(_model(FIXED, batching="""
+        dynamic_batching { preferred_batch_size: [ 2, 6 ] max_queue_delay_microseconds: 500 }"""))
+    b = Batcher(cfg)
+    b.enqueue("a", 0)
+    assert b.next_batch(100 * US).wait_ns == 400 * US
+    fill(b, "bcdefg")
+    assert batch(b, 100 * US) == "abcdef"
+    assert batch(b, 600 * US) == "g"
+
+
+def test_drain_empties_every_level():
+    b = Batcher(dyn(max_queue_delay_ns=LONG, priority_levels=2, default_priority=1))
+    b.enqueue("a", 0, priority=2)
+    b.enqueue("b", 0, priority=1)
+    assert sorted(b.drain()) == ["a", "b"]
+    assert len(b) == 0 and b.next_batch(LONG).batch == []
+
+
+# ======================================================================== VersionQueue
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0
+
+    def __call__(self) -> int:
+        return self.now
+
+
+class Timer:
+    def __init__(self, delay: float, callback) -> None:
+        self.delay, self.callback, self.cancelled = delay, callback, False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class Harness:
+    """A VersionQueue with fake instances, clock and timers; records what it sends."""
+
+    def __init__(self, config: BatcherConfig, limiter=None, model: str = "m") -> None:
+        self.clock = Clock()
+        self.sent: list[tuple[Instance, m.ExecuteBatch, list]] = []
+        self.failed: list[tuple[Pending, int, str, str]] = []
+        self.timers: list[Timer] = []
+        self.q = VersionQueue(model, 1, config, self.send, self.fail, self.call_later,
+                              limiter=limiter, clock=self.clock)
+        self._req = 0
+
+    def send(self, inst, msg, frames) -> None:
+        self.sent.append((inst, msg, frames))
+
+    def fail(self, p, code, message, reason) -> None:
+        self.failed.append((p, code, message, reason))
+
+    def call_later(self, delay: float, callback) -> Timer:
+        t = Timer(delay, callback)
+        self.timers.append(t)
+        return t
+
+    def instance(self, n: int = 0, kind: str = "KIND_CPU", device: int = 0,
+                 config=None) -> Instance:
+        return Instance(f"{self.q.model}-w{n}", f"{self.q.model}_0_{n}", self.q.model, 1, kind,
+                        device_id=device, config=config)
+
+    def request(self, frontend: bytes = b"f1", batch_size: int = 1, frames: int = 0,
+                **params) -> Pending:
+        self._req += 1
+        inputs = [m.TensorRef("x", "FP32", [batch_size, 3], 12 * batch_size,
+                              frame=0 if frames else -1)]
+        req = m.InferRequest(self._req, "tcp://reply", self.q.model, 1, inputs,
+                             parameters=params, batch_size=batch_size)
+        return Pending(frontend, req, [b"\0" * 12] * frames, arrival_ns=self.clock.now)
+
+    def enqueue(self, *a, **kw) -> Pending:
+        p = self.request(*a, **kw)
+        self.q.enqueue(p)
+        return p
+
+    def batches(self) -> list[list[int]]:
+        return [[it.req_id for it in msg.items] for _, msg, _ in self.sent]
+
+
+def test_preserve_ordering_numbers_each_frontends_requests_on_one_stream():
+    h = Harness(dyn(max_batch_size=3, max_queue_delay_ns=0, preserve_ordering=True))
+    other = Harness(dyn(max_batch_size=3, max_queue_delay_ns=0, preserve_ordering=True))
+    ps = [h.enqueue(f) for f in (b"f1", b"f2", b"f1", b"f1", b"f2")]
+    i0 = h.instance(0)
+    h.q.add_instance(i0)
+    (_, first, _), = h.sent
+    h.q.batch_done(i0, first.batch_id)
+    assert h.batches() == [[1, 2, 3], [4, 5]]
+    stream = ps[0].stream
+    assert stream > 0 and all(p.stream == stream for p in ps)
+    assert [(p.frontend, p.order) for p in ps] == [
+        (b"f1", 1), (b"f2", 1), (b"f1", 2), (b"f1", 3), (b"f2", 2)]
+    items = [it for _, msg, _ in h.sent for it in msg.items]
+    assert [(it.stream, it.order) for it in items] == [(stream, 1), (stream, 1), (stream, 2),
+                                                       (stream, 3), (stream, 2)]
+    assert other.q._stream not in (0, stream)     # each version queue has its own stream
+
+
+def test_without_preserve_ordering_no_stream():
+    h = Harness(dyn(max_queue_delay_ns=0))
+    h.q.add_instance(h.instance())
+    p = h.enqueue()
+    assert (p.stream, p.order) == (0, 0)
+    assert (h.sent[0][1].items[0].stream, h.sent[0][1].items[0].order) == (0, 0)
+
+
+def test_timer_is_armed_with_the_batchers_wait_and_firing_dispatches():
+    h = Harness(dyn(preferred=(4,), max_queue_delay_ns=1 * MS))
+    i0 = h.instance()
+    h.q.add_instance(i0)
+    assert h.timers == []                         # nothing queued: no timer
+    h.clock.now = 10 * US
+    h.enqueue()
+    assert h.sent == [] and len(h.timers) == 1
+    assert h.timers[0].delay == pytest.approx(1e-3)
+    h.clock.now = 510 * US
+    h.enqueue()                                   # re-armed for the rest of the delay
+    assert h.timers[0].cancelled and not h.timers[1].cancelled
+    assert h.timers[1].delay == pytest.approx(500e-6)
+    h.clock.now = 1010 * US
+    h.timers[1].callback()
+    assert h.batches() == [[1, 2]]
+    (inst, msg, _), = h.sent
+    assert inst is i0 and list(i0.inflight) == [msg.batch_id]
+    assert all(p.dispatch_ns == 1010 * US for p in i0.inflight[msg.batch_id])
+    assert i0 not in h.q.idle
+
+
+def test_two_idle_instances_run_two_batches():
+    h = Harness(dyn(max_batch_size=2, max_queue_delay_ns=0))
+    for _ in range(5):
+        h.enqueue()
+    i0, i1 = h.instance(0), h.instance(1)
+    h.q.add_instance(i0)
+    h.q.add_instance(i1)
+    assert h.batches() == [[1, 2], [3, 4]]
+    assert [s[0] for s in h.sent] == [i0, i1]
+    assert h.q.idle == [] and len(h.q.batcher) == 1
+    assert h.q.busy
+
+
+def test_batch_done_returns_the_instance_and_pumps():
+    h = Harness(dyn(max_batch_size=2, max_queue_delay_ns=0))
+    i0 = h.instance()
+    h.q.add_instance(i0)
+    h.enqueue()
+    for _ in range(3):
+        h.enqueue()                               # i0 is busy: these wait
+    assert h.batches() == [[1]]
+    h.q.batch_done(i0, h.sent[0][1].batch_id)
+    assert h.batches() == [[1], [2, 3]]
+    h.q.batch_done(i0, h.sent[1][1].batch_id)
+    h.q.batch_done(i0, h.sent[2][1].batch_id)
+    assert h.batches() == [[1], [2, 3], [4]]
+    assert h.q.idle == [i0] and i0.inflight == {} and not h.q.busy
+
+
+def test_batch_frames_are_renumbered_per_message():
+    h = Harness(dyn(max_batch_size=4, max_queue_delay_ns=0))
+    for _ in range(3):
+        h.enqueue(frames=1)
+    h.q.add_instance(h.instance())
+    (_, msg, frames), = h.sent
+    assert [it.inputs[0].frame for it in msg.items] == [0, 1, 2]
+    assert len(frames) == 3
+
+
+def test_timed_out_request_fails_with_request_timeout_expired():
+    h = Harness(dyn(max_queue_delay_ns=0, policies={1: QueuePolicy(default_timeout_us=100)}))
+    i0 = h.instance()
+    h.q.add_instance(i0)
+    h.enqueue()                                   # runs at once on i0
+    late = h.enqueue()                            # waits: i0 is busy
+    h.clock.now = 1 * MS
+    h.q.batch_done(i0, h.sent[0][1].batch_id)
+    assert h.failed == [(late, Code.UNAVAILABLE, TIMEOUT_EXPIRED, "REJECTED")]
+    assert h.batches() == [[1]]
+
+
+def test_queue_full_raises_without_queueing():
+    h = Harness(dyn(max_queue_delay_ns=LONG, policies={1: QueuePolicy(max_queue_size=1)}))
+    h.enqueue()
+    with pytest.raises(TriremeError) as ei:
+        h.enqueue()
+    assert (ei.value.code, ei.value.message) == (Code.UNAVAILABLE, QUEUE_FULL)
+    assert len(h.q.batcher) == 1
+
+
+def test_priority_and_timeout_come_from_request_parameters():
+    h = Harness(dyn(max_batch_size=1, max_queue_delay_ns=0, priority_levels=2,
+                    default_priority=2, policies={
+                        1: QueuePolicy(default_timeout_us=1000, allow_timeout_override=True),
+                        2: QueuePolicy()}))
+    h.enqueue(priority=2)
+    h.enqueue(priority=1, timeout=10)             # jumps the queue, then times out
+    h.enqueue(priority=1)
+    h.enqueue(priority=True)                      # not an int: the default level
+    h.clock.now = 100 * US
+    i0 = h.instance()
+    h.q.add_instance(i0)
+    assert [p.req.req_id for p, *_ in h.failed] == [2]
+    for _ in range(3):
+        h.q.batch_done(i0, h.sent[-1][1].batch_id)
+    assert h.batches() == [[3], [1], [4]]
+
+
+def test_worker_died_fails_each_held_request_once():
+    h = Harness(dyn(max_batch_size=2, max_queue_delay_ns=0))
+    i0, i1 = h.instance(0), h.instance(1)
+    held = [h.enqueue(), h.enqueue()]
+    h.q.add_instance(i0)
+    assert h.batches() == [[1, 2]]
+    queued = h.enqueue()                          # i0 busy, no other instance yet
+    h.q.worker_died(i0, "instance died")
+    assert h.failed == [(p, Code.INTERNAL, "instance died", "OTHER") for p in held]
+    assert i0.inflight == {} and i0.worker_id not in h.q.instances and i0 not in h.q.idle
+    h.q.worker_died(i0, "again")                  # nothing held any more: nothing failed twice
+    h.q.batch_done(i0, h.sent[0][1].batch_id)     # a late BatchDone does not revive it
+    assert len(h.failed) == 2 and i0 not in h.q.idle
+    h.q.add_instance(i1)                          # the queued request was kept
+    assert h.batches() == [[1, 2], [queued.req.req_id]]
+
+
+def test_fail_queued_cancels_the_timer_and_fails_what_waits():
+    h = Harness(dyn(preferred=(4,), max_queue_delay_ns=1 * MS))
+    h.q.add_instance(h.instance())
+    ps = [h.enqueue(), h.enqueue()]
+    h.q.fail_queued(Code.UNAVAILABLE, "gone")
+    assert h.timers[-1].cancelled
+    assert h.failed == [(p, Code.UNAVAILABLE, "gone", "OTHER") for p in ps]
+    assert len(h.q.batcher) == 0 and not h.q.busy
+
+
+def test_arrival_cost_does_not_grow_when_no_instance_is_idle():
+    h = Harness(dyn(preferred=(4,), max_queue_delay_ns=1 * MS))
+    calls = 0
+    real = h.q.batcher.next_batch
+
+    def counting(now):
+        nonlocal calls
+        calls += 1
+        return real(now)
+
+    h.q.batcher.next_batch = counting
+    for _ in range(10_000):                       # no instance at all
+        h.enqueue()
+    assert calls == 0 and h.timers == []
+    i0 = h.instance()
+    h.q.add_instance(i0)                          # one batch, then i0 is busy
+    assert calls == 1 and h.batches() == [[1, 2, 3, 4]]
+    for _ in range(10_000):                       # the only instance is busy
+        h.enqueue()
+    assert calls == 1
+    assert len(h.q.batcher) == 20_000 - 4
