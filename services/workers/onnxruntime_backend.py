@@ -57,6 +57,12 @@ class OnnxRuntimeBackend:
             opts.intra_op_num_threads = intra
         if inter:
             opts.inter_op_num_threads = inter
+        # Idle intra-op threads spin for a while after each run by default. Beside frontends
+        # and other workers on the same cores that spinning takes CPU they need, so it is
+        # off unless the config asks for it (parameter "allow_spinning": "1").
+        spin = cfg.parameters["allow_spinning"].string_value if "allow_spinning" in cfg.parameters else "0"
+        opts.add_session_config_entry("session.intra_op.allow_spinning", spin)
+        opts.add_session_config_entry("session.inter_op.allow_spinning", spin)
         providers = ["CPUExecutionProvider"]
         if load.kind == "KIND_GPU":
             providers = [("CUDAExecutionProvider", {"device_id": 0}), "CPUExecutionProvider"]
