@@ -126,7 +126,8 @@ class Batcher:
                        for lvl in range(1, max(c.priority_levels, 1) + 1)]
         self.max_preferred = max(c.preferred) if c.preferred else c.max_batch_size
         self.preferred = frozenset(c.preferred or (c.max_batch_size,))
-        self._check_shapes = bool(c.equal_shape_inputs) or c.has_optional_input
+        # Callers pass input shapes to enqueue() only when batch formation looks at them.
+        self.needs_shapes = bool(c.equal_shape_inputs) or c.has_optional_input
         self._delay_count = c.delay_count
         self._size = 0
 
@@ -156,7 +157,7 @@ class Batcher:
             timeout = timeout_us
         deadline = now_ns + timeout * 1000 if timeout else 0
         level.main.append(Entry(item, max(batch_size, 1), now_ns, deadline,
-                                self._signature(shapes) if self._check_shapes else None))
+                                self._signature(shapes) if self.needs_shapes else None))
         self._size += 1
 
     def _signature(self, shapes: dict[str, list[int]] | None) -> Any:
@@ -224,7 +225,7 @@ class Batcher:
                 if size + e.batch_size > c.max_batch_size:
                     send_now = True
                     break
-                if self._check_shapes and e.signature != signature:
+                if self.needs_shapes and e.signature != signature:
                     send_now = True
                     break
             else:

@@ -102,7 +102,7 @@ class VersionQueue:
             p, p.arrival_ns, batch_size=r.batch_size,
             priority=_int_param(params, "priority") if params else 0,
             timeout_us=_int_param(params, "timeout") if params else 0,
-            shapes={t.name: t.shape for t in r.inputs} if self.batcher._check_shapes else None)
+            shapes={t.name: t.shape for t in r.inputs} if self.batcher.needs_shapes else None)
         self.pump()
 
     def pump(self) -> None:
