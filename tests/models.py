@@ -129,3 +129,17 @@ def slow_config(width: int = 256) -> str:
             f'input [{{ name: "INPUT0", data_type: TYPE_FP32, dims: [-1, {width}] }}]\n'
             f'output [{{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [-1, {width}] }}]\n'
             'parameters { key: "intra_op_thread_count" value { string_value: "1" } }\n')
+
+
+def lookup(model_dir: Path, table: int = 4) -> None:
+    """INDEX INT64 [rows, 1] -> OUTPUT0 FP32 [rows, 1] = float(INDEX) via Gather on a table
+    of `table` entries. An index outside the table makes onnxruntime fail the run, so a
+    test can make one execution fail on demand."""
+    g = helper.make_graph(
+        [helper.make_node("Gather", ["table", "INDEX"], ["g"], axis=0),
+         helper.make_node("Identity", ["g"], ["OUTPUT0"])],
+        "lookup", [helper.make_tensor_value_info("INDEX", TensorProto.INT64, ["rows", 1])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["rows", 1])],
+        initializer=[helper.make_tensor("table", TensorProto.FLOAT, [table],
+                                        np.arange(table, dtype=np.float32))])
+    _save(g, model_dir / "1" / "model.onnx")

@@ -48,6 +48,8 @@ def hooked(tmp_path_factory):
     models.write_config(root / "shapes", f"max_batch_size: 8\n{ONE_CPU}dynamic_batching {{ }}\n")
     slow_model(root, "prio", "dynamic_batching { priority_levels: 2 default_priority_level: 2 }",
                max_batch_size=1)
+    models.lookup(root / "lookup")
+    models.write_config(root / "lookup", f"max_batch_size: 8\n{ONE_CPU}dynamic_batching {{ }}\n")
     with start_server(root, env={"TRITONSERVER_DELAY_SCHEDULER": "4"}) as srv:
         yield srv
 
@@ -170,6 +172,41 @@ def test_higher_priority_runs_first(hooked):
         done_high = high.result()
         assert all(f.result() > done_high for f in low)
     assert batch_counts(stats(hooked, "prio")) == {1: 4}
+
+
+def lookup_infer(srv, index: int) -> np.ndarray:
+    c = httpclient.InferenceServerClient(srv.http_url, network_timeout=60)
+    try:
+        inp = httpclient.InferInput("INDEX", [1, 1], "INT64")
+        inp.set_data_from_numpy(np.array([[index]], np.int64))
+        return c.infer("lookup", [inp]).as_numpy("OUTPUT0")
+    finally:
+        c.close()
+
+
+def test_execution_error_fails_its_batch_only(hooked):
+    """The hook gathers four requests into one batch; one index is outside the table, so the
+    run fails: all four get that error (once each), and the next batch is served."""
+    with cf.ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(lookup_infer, hooked, i) for i in (0, 1, 2, 99)]
+        errors = []
+        for f in futures:
+            with pytest.raises(InferenceServerException) as e:
+                f.result()
+            errors.append(e.value)
+    assert {e.status() for e in errors} == {"500"}
+    # The backend's own error, the same for every request of the failed batch.
+    assert len({e.message() for e in errors}) == 1
+    assert "idx=99" in errors[0].message(), errors[0].message()
+    np.testing.assert_array_equal(lookup_infer(hooked, 3), [[3.0]])
+    st = stats(hooked, "lookup")
+    assert st["inference_stats"]["fail"]["count"] == 4
+    assert st["inference_stats"]["success"]["count"] == 1
+    assert batch_counts(st) == {4: 1, 1: 1}
+    assert metric(hooked, "nv_inference_request_success", "lookup") == 1
+    with urllib.request.urlopen(hooked.metrics_url, timeout=5) as r:
+        text = r.read().decode()
+    assert 'nv_inference_request_failure{model="lookup",version="1",reason="BACKEND"} 4' in text
 
 
 # ---------------------------------------------------------------- queue policies

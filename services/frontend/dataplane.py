@@ -84,13 +84,9 @@ class DataPlane:
 
     def _on_message(self, parts: list[Any]) -> None:
         msg, frames = m.decode(parts)
-        if isinstance(msg, m.InferResult):
-            if msg.stream:
-                self._deliver_in_order(msg, frames)
-            else:
-                self._deliver(msg, frames)
-        elif isinstance(msg, m.InferResults):   # one batch's results share the frames
-            for r in msg.results:
+        if isinstance(msg, (m.InferResult, m.InferResults)):
+            # InferResults: one batch's results for this frontend, sharing the frames.
+            for r in (msg,) if isinstance(msg, m.InferResult) else msg.results:
                 if r.stream:
                     self._deliver_in_order(r, frames)
                 else:

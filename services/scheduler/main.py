@@ -68,7 +68,7 @@ class Scheduler:
         self.settings = settings
         self.frontends: set[bytes] = set()
         self.stats = StatsRegistry()
-        self.metrics = Metrics(self.stats, self._loaded_versions)
+        self.metrics = Metrics(self.stats, self._ready_versions)
         self.limiter = (RateLimiter(settings.rate_limit_resources)
                         if settings.rate_limit == "execution_count" else None)
         # Triton's batching test hook: each batcher holds requests until this many are queued.
@@ -222,17 +222,16 @@ class Scheduler:
         self._send_frontend(p.frontend, m.InferResult(
             p.req.req_id, error=m.ErrorRecord(int(code), message), stream=p.stream, order=p.order))
 
-    def _loaded_versions(self) -> set[tuple[str, int]]:
-        return {(n, v) for n, e in self.models.models.items()
-                for v, s in e.versions.items() if s.state == "READY"}
+    def _ready_versions(self) -> list[tuple[str, int]]:
+        """(model, version) of every READY version, sorted: what statistics and metrics show."""
+        return [(n, v) for n, e in sorted(self.models.models.items())
+                for v, s in sorted(e.versions.items()) if s.state == "READY"]
 
     def _statistics(self, msg: m.GetStats) -> m.Stats:
         """The statistics extension: every ready version, one model, or one version."""
-        out = []
+        versions = self._ready_versions()
         if msg.model:
-            entry = self.models.models.get(msg.model)
-            ready = sorted(v for v, s in entry.versions.items() if s.state == "READY") \
-                if entry is not None else []
+            ready = [v for n, v in versions if n == msg.model]
             if not ready:
                 return m.Stats(msg.ctl_id, error=m.ErrorRecord(
                     int(Code.INVALID_ARG), f"requested model '{msg.model}' is not available"))
@@ -241,12 +240,7 @@ class Scheduler:
                     int(Code.INVALID_ARG),
                     f"requested model version is not available for model '{msg.model}'"))
             versions = [(msg.model, v) for v in ([msg.version] if msg.version >= 0 else ready)]
-        else:
-            versions = [(n, v) for n, e in sorted(self.models.models.items())
-                        for v, s in sorted(e.versions.items()) if s.state == "READY"]
-        for name, v in versions:
-            out.append(self.stats.get(name, v).to_message(name, v))
-        return m.Stats(msg.ctl_id, out)
+        return m.Stats(msg.ctl_id, [self.stats.get(n, v).to_message(n, v) for n, v in versions])
 
     async def _control(self, identity: bytes, msg: Any) -> None:
         err = None

@@ -61,18 +61,17 @@ def _escape(v: str) -> str:
 
 
 class Metrics:
-    def __init__(self, stats: StatsRegistry, loaded: Callable[[], set]) -> None:
+    def __init__(self, stats: StatsRegistry, ready: Callable[[], list]) -> None:
         self.stats = stats
-        self.loaded = loaded        # () -> {(model, version)} ready now: unloaded ones drop out
+        self.ready = ready          # () -> sorted [(model, version)] ready now: unloaded drop out
 
     def render(self) -> str:
-        live = self.loaded()
-        rows = sorted((k, s) for k, s in self.stats.versions.items() if k in live)
+        rows = [(k, self.stats.versions[k]) for k in self.ready() if k in self.stats.versions]
+        if not rows:
+            return "\n"
         labels = {key: f'model="{_escape(key[0])}",version="{key[1]}"' for key, _ in rows}
         out: list[str] = []
         for family, (kind, text, value) in COUNTERS.items():
-            if not rows:
-                break
             out += [f"# HELP {family} {text}", f"# TYPE {family} {kind}"]
             for key, s in rows:
                 if value is None:     # failures, one series per reason as Triton
@@ -81,11 +80,10 @@ class Metrics:
                                    f'{s.failures.get(reason, 0)}')
                 else:
                     out.append(f"{family}{{{labels[key]}}} {value(s)}")
-        if rows:
-            name, text = HISTOGRAM
-            out += [f"# HELP {name} {text}", f"# TYPE {name} histogram"]
-            for key, s in rows:
-                out += _histogram(name, labels[key], s)
+        name, text = HISTOGRAM
+        out += [f"# HELP {name} {text}", f"# TYPE {name} histogram"]
+        for key, s in rows:
+            out += _histogram(name, labels[key], s)
         return "\n".join(out) + "\n"
 
     async def serve(self, host: str, port: int) -> web.AppRunner:

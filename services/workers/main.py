@@ -143,7 +143,6 @@ class Worker:
                 names = it.outputs or list(mine)
                 self._add_result(replies, it, [(n, mine[n]) for n in names])
                 start = stop
-            self._flush(replies)
         except Exception as e:
             for results, _ in replies.values():     # blocks of results never sent
                 self.release([(r.segment, r.offset) for res in results for r in res.outputs
@@ -152,17 +151,20 @@ class Worker:
             if not isinstance(e, TriremeError):
                 log.exception("execution failed")
             err = m.ErrorRecord(int(code), text)
+            replies = {}
             for it in items:
-                self._push(it.reply_to, m.InferResult(it.req_id, error=err, stream=it.stream,
-                                                      order=it.order))
+                replies.setdefault(it.reply_to, ([], []))[0].append(
+                    m.InferResult(it.req_id, error=err, stream=it.stream, order=it.order))
             failed = len(items)
+        # Nothing is sent before the batch's fate is known, so each request gets one answer.
+        self._flush(replies)
         t3 = time.perf_counter_ns()
         self.sock.send_multipart(m.encode(m.BatchDone(
             batch.batch_id, self.worker_id, t1 - t0, t2 - t1, t3 - t2, failed)))
 
     def _add_result(self, replies: dict, item: m.BatchItem,
                     outputs: list[tuple[str, np.ndarray]]) -> None:
-        results, frames = replies.get(item.reply_to) or replies.setdefault(item.reply_to, ([], []))
+        results, frames = replies.setdefault(item.reply_to, ([], []))
         refs: list[m.TensorRef] = []
         for name, arr in outputs:
             datatype, data = _to_wire(arr)
@@ -185,7 +187,6 @@ class Worker:
     def _flush(self, replies: dict) -> None:
         for address, (results, frames) in replies.items():
             self._push(address, results[0] if len(results) == 1 else m.InferResults(results), frames)
-        replies.clear()
 
     def _push(self, address: str, msg: Any, frames: list[Any] = ()) -> None:
         sock = self.pushers.get(address)
