@@ -83,6 +83,7 @@ class InferRequest(_Msg):
     outputs: list[str] = []        # requested outputs; empty: all of them
     parameters: dict[str, Any] = {}
     batch_size: int = 1
+    request_id: str = ""           # the client's "id" (a Python model reads it)
 
 
 class InferRequests(_Msg):
@@ -138,6 +139,10 @@ class InferResult(_Msg):
     # (1, 2, ...); 0 means unordered. Copied from the BatchItem by the worker.
     stream: int = 0
     order: int = 0
+    # Decoupled models answer a request with any number of results; the last has final
+    # set. ``empty``: a final flag sent without a response (no tensors, no error).
+    final: bool = True
+    empty: bool = False
 
 
 class InferResults(_Msg):
@@ -237,6 +242,7 @@ class LoadModel(_Msg):
     kind: str = "KIND_CPU"
     device_id: int = 0
     autocomplete: bool = True
+    frontend_addr: str = ""        # the scheduler's frontend socket: BLS requests enter there
 
 
 class BatchItem(_Msg):
@@ -248,6 +254,7 @@ class BatchItem(_Msg):
     batch_size: int = 1
     stream: int = 0                # preserve_ordering, see InferResult
     order: int = 0
+    request_id: str = ""
 
 
 class ExecuteBatch(_Msg):

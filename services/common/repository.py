@@ -136,6 +136,17 @@ def select_versions(cfg, available: list[int]) -> list[int]:
     return chosen
 
 
+def _default_file(backend: str, platform: str) -> str:
+    """Triton's file for a backend when the config names none (auto-complete off)."""
+    if platform == "torch_aoti":
+        return "model.pt2"
+    if platform == "tensorflow_graphdef":
+        return "model.graphdef"
+    known = {"pytorch": "model.pt", "onnxruntime": "model.onnx", "tensorflow": "model.savedmodel",
+             "tensorrt": "model.plan", "openvino": "model.xml", "python": "model.py"}
+    return known.get(backend, f"model.{backend}" if backend else "")
+
+
 def model_file(cfg, model_dir: Path, version: int, cc: str | None = None) -> Path:
     """Path of the model artifact of one version: `cc_model_filenames[cc]` when the compute
     capability has one, else `default_model_filename` (ONNX: a directory means
@@ -146,7 +157,7 @@ def model_file(cfg, model_dir: Path, version: int, cc: str | None = None) -> Pat
     if not filename:
         if cfg.platform == "ensemble":
             raise _err(f"ensemble '{cfg.name}' has no model file")
-        filename = f"model.{cfg.backend}" if cfg.backend else ""
+        filename = _default_file(cfg.backend, cfg.platform)
     path = vdir / filename if filename else vdir
     if not filename or not path.exists():
         raise _err(f"unable to find '{path}' for model '{cfg.name}'")

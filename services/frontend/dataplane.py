@@ -14,7 +14,7 @@ import itertools
 import json
 import logging
 import os
-from typing import Any
+from typing import Any, AsyncIterator
 
 import zmq
 
@@ -68,9 +68,12 @@ class DataPlane:
         self._send(m.FrontendHello(self.pid))
 
     def close(self) -> None:
-        for fut in self._pending.values():
-            if not fut.done():
-                fut.set_exception(TriremeError(Code.UNAVAILABLE, "server is shutting down"))
+        gone = m.InferResult(0, error=m.ErrorRecord(int(Code.UNAVAILABLE), "server is shutting down"))
+        for waiter in self._pending.values():
+            if type(waiter) is asyncio.Queue:
+                waiter.put_nowait((gone, []))
+            elif not waiter.done():
+                waiter.set_exception(TriremeError(Code.UNAVAILABLE, "server is shutting down"))
         self._sched_reader.close()
         self._results_reader.close()
         transport.remove_ipc(self.result_addr)
@@ -132,13 +135,25 @@ class DataPlane:
         self._send(m.InferRequests([msg for msg, _ in box]), frames)
 
     def _deliver(self, msg: m.InferResult, frames: list[Any]) -> None:
-        fut = self._pending.pop(msg.req_id, None)
-        if fut is not None and not fut.done():
-            fut.set_result((msg, frames))
-        else:   # nobody waits (the caller went away): free and hand back its blocks now
+        waiter = self._pending.get(msg.req_id)
+        if type(waiter) is asyncio.Queue:   # a stream: every response until the final one
+            if msg.final:
+                del self._pending[msg.req_id]
+            waiter.put_nowait((msg, frames))
+            return
+        if waiter is not None:
+            del self._pending[msg.req_id]
+            if not waiter.done():
+                waiter.set_result((msg, frames))
+                return
+        self._drop(msg, frames)
+
+    def _drop(self, msg: m.InferResult, frames: list[Any]) -> None:
+        """Nobody waits (the caller went away): hand back its blocks now."""
+        if msg.final:
             self._free_inputs(self._abandoned.pop(msg.req_id, []))
-            if msg.outputs:
-                self._release_refs(msg.outputs)
+        if msg.outputs:
+            self._release_refs(msg.outputs)
 
     def _deliver_in_order(self, msg: m.InferResult, frames: list[Any]) -> None:
         """preserve_ordering: results of a stream reach callers in the order the scheduler
@@ -264,14 +279,60 @@ class DataPlane:
         return reply.stats
 
     # ------------------------------------------------------------------ inference
-    async def infer(self, req: CoreRequest) -> CoreResponse:
+    async def infer(self, req: CoreRequest, endpoint: str = "HTTP end point") -> CoreResponse:
+        """One request, one response. ``endpoint`` names the caller in the error a decoupled
+        model gives (Triton's text: such models answer over a stream only)."""
         info, version = await self._ready_info(req.model, req.version)
+        if info.decoupled:
+            raise TriremeError(Code.UNSUPPORTED, f"{endpoint} doesn't support models with "
+                                                 "decoupled transaction policy")
+        fut = asyncio.get_running_loop().create_future()
+        req_id, blocks = self._send_request(req, info, version, fut)
+        try:
+            result, rframes = await fut
+        except asyncio.CancelledError:
+            # The caller went away, but a worker may still be reading our input blocks:
+            # they are freed (and its outputs handed back) when its result arrives.
+            self._abandoned[req_id] = blocks
+            blocks = []
+            raise
+        finally:
+            self._pending.pop(req_id, None)
+            self._free_inputs(blocks)
+        return self._response(req, version, result, rframes)
+
+    async def infer_stream(self, req: CoreRequest) -> AsyncIterator[CoreResponse]:
+        """Every response to one request, as the model sends them: one for a plain model,
+        any number for a decoupled one. A final flag without a response yields a
+        CoreResponse with ``final`` set and no outputs (``empty``)."""
+        info, version = await self._ready_info(req.model, req.version)
+        queue: asyncio.Queue = asyncio.Queue()
+        req_id, blocks = self._send_request(req, info, version, queue)
+        final = False
+        try:
+            while not final:
+                result, rframes = await queue.get()
+                final = result.final
+                resp = self._response(req, version, result, rframes)
+                resp.final, resp.empty = final, result.empty
+                yield resp
+        finally:
+            self._pending.pop(req_id, None)
+            if final:
+                self._free_inputs(blocks)
+            else:   # abandoned mid-stream: the rest is dropped as it arrives
+                self._abandoned[req_id] = blocks
+                while not queue.empty():
+                    self._drop(*queue.get_nowait())
+
+    def _send_request(self, req: CoreRequest, info: m.ModelInfo, version: int,
+                      waiter: asyncio.Future | asyncio.Queue) -> tuple[int, list[Any]]:
+        """Validate, place the input bytes (shared memory or frames) and queue the request;
+        the result(s) reach ``waiter``. Returns the request id and the input blocks."""
         batch_size = validate_infer(info, req)
         refs: list[m.TensorRef] = []
         frames: list[Any] = []
         blocks: list[Any] = []
-        req_id = next(self._ids)
-        fut = None
         try:
             for t in req.inputs:
                 if t.data is None:
@@ -293,23 +354,18 @@ class DataPlane:
                     ref.frame = len(frames)
                     frames.append(t.data)
                 refs.append(ref)
-            outputs = [o.name for o in req.outputs] if req.outputs else []
-            msg = m.InferRequest(req_id, self.result_addr, req.model, version, refs, outputs,
-                                 req.parameters, batch_size)
-            fut = asyncio.get_running_loop().create_future()
-            self._pending[req_id] = fut
-            self._submit(msg, frames)
-            result, rframes = await fut
-        except asyncio.CancelledError:
-            if fut is not None:
-                # The caller went away, but a worker may still be reading our input blocks:
-                # they are freed (and its outputs handed back) when its result arrives.
-                self._abandoned[req_id] = blocks
-                blocks = []
-            raise
-        finally:
-            self._pending.pop(req_id, None)
+        except BaseException:
             self._free_inputs(blocks)
+            raise
+        req_id = next(self._ids)
+        outputs = [o.name for o in req.outputs] if req.outputs else []
+        self._pending[req_id] = waiter
+        self._submit(m.InferRequest(req_id, self.result_addr, req.model, version, refs, outputs,
+                                    req.parameters, batch_size, req.id), frames)
+        return req_id, blocks
+
+    def _response(self, req: CoreRequest, version: int, result: m.InferResult,
+                  rframes: list[Any]) -> CoreResponse:
         if result.error is not None:
             raise _error(result.error)
         resp = CoreResponse(req.model, str(version), req.id, parameters=result.parameters, keep=rframes)

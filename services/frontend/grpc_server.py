@@ -149,7 +149,7 @@ class GrpcService:
                          context) -> bytes:
         msg, raw = request
         core = codec.request_from_proto(msg, raw)
-        resp = await self._dp.infer(core)
+        resp = await self._dp.infer(core, "ModelInfer RPC")
         try:
             if not resp.id:
                 resp.id = core.id
@@ -157,57 +157,71 @@ class GrpcService:
         finally:
             self._dp.release(resp)
 
-    async def _stream_one(self, request: tuple[pb.ModelInferRequest, list[memoryview]]) -> bytes:
-        """One stream request -> serialized ModelStreamInferResponse; errors become an
-        error_message (with the request id) and never end the stream."""
+    async def _stream_one(self, request: tuple[pb.ModelInferRequest, list[memoryview]],
+                          out: asyncio.Queue) -> None:
+        """Every response to one stream request, serialized, onto ``out``; then None. Errors
+        become an error_message (with the request id) and never end the stream. A decoupled
+        model's bare final flag is written only when the client asked for it
+        (parameter triton_enable_empty_final_response), as Triton does."""
         msg, raw = request
         try:
             core = codec.request_from_proto(msg, raw)
-            resp = await self._dp.infer(core)
+            want_empty = bool(core.parameters.pop("triton_enable_empty_final_response", False))
+            async for resp in self._dp.infer_stream(core):
+                try:
+                    if resp.empty and not want_empty:
+                        continue
+                    if want_empty:
+                        resp.parameters = {**resp.parameters, "triton_final_response": resp.final}
+                    if not resp.id:
+                        resp.id = core.id
+                    out.put_nowait(codec.encode_stream_response(resp))
+                finally:
+                    self._dp.release(resp)
         except Exception as exc:  # noqa: BLE001
-            return codec.encode_stream_error(_as_error(exc, "ModelStreamInfer").message, msg.id)
-        try:
-            if not resp.id:
-                resp.id = core.id
-            return codec.encode_stream_response(resp)
-        except Exception as exc:  # noqa: BLE001
-            return codec.encode_stream_error(_as_error(exc, "ModelStreamInfer").message, msg.id)
+            out.put_nowait(codec.encode_stream_error(_as_error(exc, "ModelStreamInfer").message, msg.id))
         finally:
-            self._dp.release(resp)
+            out.put_nowait(None)
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[Any],
                                context) -> AsyncIterator[bytes]:
         """Requests run concurrently (at most STREAM_WINDOW in flight); responses are
-        written in request order, as Triton does for non-decoupled models.
+        written request by request in arrival order, as Triton does for non-decoupled
+        models (a decoupled model's responses to one request are written as they come).
 
-        1. a reader task turns each incoming request into an inference task, queued in
-           arrival order; 2. this generator awaits the queue head and writes its response;
-        3. on client cancel or stream error, every queued task is cancelled.
+        1. a reader task starts a producer per incoming request, each with its own queue,
+           queued in arrival order; 2. this generator drains the head queue to its end
+           marker; 3. on client cancel or stream error, every producer is cancelled.
         """
         window = asyncio.Semaphore(STREAM_WINDOW)
-        queue: asyncio.Queue[asyncio.Future[bytes] | None] = asyncio.Queue()
+        sources: asyncio.Queue[tuple[asyncio.Task, asyncio.Queue] | None] = asyncio.Queue()
 
         async def read() -> None:
             try:
                 async for request in request_iterator:
                     await window.acquire()
-                    queue.put_nowait(asyncio.ensure_future(self._stream_one(request)))
+                    out: asyncio.Queue = asyncio.Queue()
+                    sources.put_nowait((asyncio.ensure_future(self._stream_one(request, out)), out))
             finally:
-                queue.put_nowait(None)  # end of requests (also on a read error)
+                sources.put_nowait(None)  # end of requests (also on a read error)
 
         reader = asyncio.ensure_future(read())
+        source = None
         try:
-            while (task := await queue.get()) is not None:
-                response = await task
+            while (source := await sources.get()) is not None:
+                out = source[1]
+                while (response := await out.get()) is not None:
+                    yield response
                 window.release()
-                yield response
             await reader  # re-raise a read error as the stream's status
         finally:
             reader.cancel()
-            while not queue.empty():
-                task = queue.get_nowait()
-                if task is not None:
-                    task.cancel()
+            if source is not None:
+                source[0].cancel()
+            while not sources.empty():
+                source = sources.get_nowait()
+                if source is not None:
+                    source[0].cancel()
 
     # -- not implemented yet ----------------------------------------------------------------
     def unimplemented(self, name: str) -> Handler:

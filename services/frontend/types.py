@@ -55,3 +55,5 @@ class CoreResponse:
     # back to their owner once the adapter has written the response.
     blocks: list[tuple[str, int]] = field(default_factory=list)
     keep: Any = None                    # keeps received frames alive while data views them
+    final: bool = True                  # decoupled streams: the request's last response
+    empty: bool = False                 # a final flag that carries no response

@@ -161,7 +161,7 @@ class VersionQueue:
                     inputs = [m.TensorRef(t.name, t.datatype, t.shape, t.nbytes, t.frame + base)
                               if t.frame >= 0 else t for t in inputs]
             items.append(m.BatchItem(r.reply_to, r.req_id, inputs, r.outputs, r.parameters,
-                                     r.batch_size, p.stream, p.order))
+                                     r.batch_size, p.stream, p.order, r.request_id))
         inst.inflight[batch_id] = batch
         self.send_batch(inst, m.ExecuteBatch(batch_id, items), frames)
 

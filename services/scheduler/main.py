@@ -324,7 +324,8 @@ class Scheduler:
             inst.pid = await asyncio.wait_for(ready, LOAD_TIMEOUT_S)
             self._send_worker(inst.worker_id, m.LoadModel(
                 inst.model, inst.version, model_dir, config, inst.name, inst.kind,
-                0 if inst.kind == "KIND_GPU" else inst.device_id, autocomplete))
+                0 if inst.kind == "KIND_GPU" else inst.device_id, autocomplete,
+                self.settings.frontend_addr))
             reply: m.ModelLoaded = await asyncio.wait_for(loaded, LOAD_TIMEOUT_S)
         except asyncio.TimeoutError:
             await handle.stop(1.0)

@@ -15,6 +15,11 @@ from services.common.errors import Code, TriremeError
 # backend name -> (module, the extra that installs its framework)
 BACKENDS: dict[str, tuple[str, str]] = {
     "onnxruntime": ("services.workers.onnxruntime_backend", "onnx"),
+    "pytorch": ("services.workers.pytorch_backend", "torch"),
+    "tensorflow": ("services.workers.tensorflow_backend", "tensorflow"),
+    "openvino": ("services.workers.openvino_backend", "openvino"),
+    "tensorrt": ("services.workers.tensorrt_backend", "tensorrt"),
+    "python": ("services.workers.python_backend", ""),
 }
 
 
@@ -28,16 +33,20 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
-def backend_class(name: str) -> type:
+def _missing(name: str, extra: str, e: ImportError) -> TriremeError:
+    hint = f" Install it with: pip install \"trireme[{extra}]\"" if extra else ""
+    return TriremeError(Code.UNAVAILABLE, f"backend '{name}' is not available: {e}.{hint}")
+
+
+def create_backend(cfg, load) -> Backend:
+    """The backend object for one model instance. A framework that is not installed, whether
+    its module imports it at the top or lazily at load, gives one error naming the extra."""
+    name = cfg.backend
     entry = BACKENDS.get(name)
     if entry is None:
         raise TriremeError(Code.INVALID_ARG, f"unknown backend '{name}'")
     module_name, extra = entry
     try:
-        module = importlib.import_module(module_name)
+        return importlib.import_module(module_name).BACKEND(cfg, load)
     except ImportError as e:
-        raise TriremeError(
-            Code.UNAVAILABLE,
-            f"backend '{name}' is not available: {e}. Install it with: "
-            f"pip install \"trireme[{extra}]\"") from e
-    return module.BACKEND
+        raise _missing(name, extra, e) from e

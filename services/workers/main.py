@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -46,6 +47,10 @@ class Worker:
         self.shm_ok = self.arena is not None
         self.inline_threshold = inline_threshold
         self.backend: Any = None
+        self.per_request = False   # the backend answers each request itself (Python)
+        # A Python model may send responses from its own threads: the output arena and
+        # the result sockets are used under this lock.
+        self.lock = threading.Lock()
         self.model = ""
         self.running = True
 
@@ -86,14 +91,14 @@ class Worker:
     # ------------------------------------------------------------------ load
     def load(self, msg: m.LoadModel) -> None:
         from protos import model_config_pb2 as mc
-        from services.workers.backend import backend_class
+        from services.workers.backend import create_backend
 
         self.model = msg.model
         set_title(f"trireme worker {msg.instance_name} ({msg.model} v{msg.version})")
         try:
             cfg = mc.ModelConfig.FromString(msg.config)
-            cls = backend_class(cfg.backend)
-            self.backend = cls(cfg, msg)
+            self.backend = create_backend(cfg, msg)
+            self.per_request = getattr(self.backend, "per_request", False)
             reply = m.ModelLoaded(self.worker_id, config=self.backend.config.SerializeToString())
         except TriremeError as e:
             reply = m.ModelLoaded(self.worker_id, error=m.ErrorRecord(int(e.code), e.message))
@@ -117,53 +122,96 @@ class Worker:
         t0 = time.perf_counter_ns()
         items = batch.items
         failed = 0
-        t1 = t2 = t0
+        times = [t0, t0]
         replies: dict[str, tuple[list[m.InferResult], list[Any]]] = {}
         try:
-            # 1. gather: a single request is used in place; a batch is one copy per input.
             per_item = [{r.name: self._array(r, frames) for r in it.inputs} for it in items]
-            if len(items) == 1:
-                inputs = per_item[0]
+            if self.per_request:
+                failed = self._run_requests(items, per_item, replies, times)
             else:
-                inputs = {name: np.concatenate([p[name] for p in per_item]) for name in per_item[0]}
-            wanted = _union_outputs(items)
-            t1 = time.perf_counter_ns()
-            # 2. run
-            outputs = self.backend.execute(inputs, wanted)
-            t2 = time.perf_counter_ns()
-            # 3. scatter: split back per request as views; one message per frontend carries
-            #    all of its results (ZeroMQ costs per message, not per byte).
-            start = 0
-            for it in items:
-                stop = start + it.batch_size
-                if len(items) == 1:
-                    mine = outputs
-                else:
-                    mine = {k: v[start:stop] for k, v in outputs.items()}
-                names = it.outputs or list(mine)
-                self._add_result(replies, it, [(n, mine[n]) for n in names])
-                start = stop
+                self._run_batch(items, per_item, replies, times)
         except Exception as e:
             for results, _ in replies.values():     # blocks of results never sent
                 self.release([(r.segment, r.offset) for res in results for r in res.outputs
                               if r.segment])
-            code, text = (e.code, e.message) if isinstance(e, TriremeError) else (Code.INTERNAL, str(e))
             if not isinstance(e, TriremeError):
                 log.exception("execution failed")
-            err = m.ErrorRecord(int(code), text)
+                e = TriremeError(Code.INTERNAL, str(e))
             replies = {}
             for it in items:
-                replies.setdefault(it.reply_to, ([], []))[0].append(
-                    m.InferResult(it.req_id, error=err, stream=it.stream, order=it.order))
+                self._add_error(replies, it, e)
             failed = len(items)
         # Nothing is sent before the batch's fate is known, so each request gets one answer.
-        self._flush(replies)
+        with self.lock:
+            self._flush(replies)
         t3 = time.perf_counter_ns()
+        t1, t2 = times
         self.sock.send_multipart(m.encode(m.BatchDone(
             batch.batch_id, self.worker_id, t1 - t0, t2 - t1, t3 - t2, failed)))
 
-    def _add_result(self, replies: dict, item: m.BatchItem,
-                    outputs: list[tuple[str, np.ndarray]]) -> None:
+    def _run_batch(self, items: list[m.BatchItem], per_item: list[dict], replies: dict,
+                   times: list[int]) -> None:
+        """A tensor backend: one execution over the whole batch."""
+        # 1. gather: a single request is used in place; a batch is one copy per input.
+        if len(items) == 1:
+            inputs = per_item[0]
+        else:
+            inputs = {name: np.concatenate([p[name] for p in per_item]) for name in per_item[0]}
+        times[0] = time.perf_counter_ns()
+        # 2. run
+        outputs = self.backend.execute(inputs, _union_outputs(items))
+        times[1] = time.perf_counter_ns()
+        # 3. scatter: split back per request as views; one message per frontend carries
+        #    all of its results (ZeroMQ costs per message, not per byte).
+        start = 0
+        for it in items:
+            stop = start + it.batch_size
+            mine = outputs if len(items) == 1 else {k: v[start:stop] for k, v in outputs.items()}
+            names = it.outputs or list(mine)
+            self._add_result(replies, it, [(n, mine[n]) for n in names])
+            start = stop
+
+    def _run_requests(self, items: list[m.BatchItem], per_item: list[dict], replies: dict,
+                      times: list[int]) -> int:
+        """A per-request backend (Python): each request answered on its own, now or later
+        through ``_reply``. Returns how many failed."""
+        times[0] = time.perf_counter_ns()
+        answers = self.backend.execute_requests(items, per_item, lambda i, out, err, final: (
+            self._reply(items[i], out, err, final)))
+        times[1] = time.perf_counter_ns()
+        failed = 0
+        for it, answer in zip(items, answers):
+            if isinstance(answer, TriremeError):
+                self._add_error(replies, it, answer)
+                failed += 1
+            elif answer is not None:   # None: its response sender answers
+                names = it.outputs or list(answer)
+                self._add_result(replies, it, [(n, answer[n]) for n in names if n in answer])
+        return failed
+
+    def _reply(self, item: m.BatchItem, outputs: dict | None, error: TriremeError | None,
+               final: bool) -> None:
+        """A response sent by a model through its response sender, from any thread: it
+        leaves at once (a decoupled model streams), the sockets and arena under the lock."""
+        replies: dict = {}
+        if error is not None:
+            self._add_error(replies, item, error, final)
+        else:
+            empty, outputs = outputs is None, outputs or {}
+            names = item.outputs or list(outputs)
+            self._add_result(replies, item, [(n, outputs[n]) for n in names if n in outputs],
+                             final, empty)
+        with self.lock:
+            self._flush(replies)
+
+    def _add_error(self, replies: dict, item: m.BatchItem, e: TriremeError, final: bool = True) -> None:
+        stream, order = (item.stream, item.order) if final else (0, 0)
+        replies.setdefault(item.reply_to, ([], []))[0].append(m.InferResult(
+            item.req_id, error=m.ErrorRecord(int(e.code), e.message), stream=stream, order=order,
+            final=final))
+
+    def _add_result(self, replies: dict, item: m.BatchItem, outputs: list[tuple[str, np.ndarray]],
+                    final: bool = True, empty: bool = False) -> None:
         results, frames = replies.setdefault(item.reply_to, ([], []))
         refs: list[m.TensorRef] = []
         for name, arr in outputs:
@@ -172,7 +220,8 @@ class Worker:
             ref = m.TensorRef(name, datatype, list(arr.shape), nbytes)
             if nbytes >= self.inline_threshold and self.shm_ok:
                 try:
-                    block = self.arena.alloc(nbytes)
+                    with self.lock:
+                        block = self.arena.alloc(nbytes)
                     block.view[:] = data
                     ref.segment, ref.offset = block.segment, block.offset
                 except ShmUnavailable as e:
@@ -182,7 +231,10 @@ class Worker:
                 ref.frame = len(frames)
                 frames.append(data)
             refs.append(ref)
-        results.append(m.InferResult(item.req_id, outputs=refs, stream=item.stream, order=item.order))
+        # preserve_ordering orders final responses; a decoupled model's earlier ones go at once
+        stream, order = (item.stream, item.order) if final else (0, 0)
+        results.append(m.InferResult(item.req_id, outputs=refs, stream=stream, order=order,
+                                     final=final, empty=empty))
 
     def _flush(self, replies: dict) -> None:
         for address, (results, frames) in replies.items():
@@ -199,11 +251,12 @@ class Worker:
     def release(self, blocks: list[tuple[str, int]]) -> None:
         if self.arena is None:
             return
-        for segment, offset in blocks:
-            try:
-                self.arena.free(segment, offset)
-            except KeyError:
-                log.warning("release of unknown block %s@%d", segment, offset)
+        with self.lock:
+            for segment, offset in blocks:
+                try:
+                    self.arena.free(segment, offset)
+                except KeyError:
+                    log.warning("release of unknown block %s@%d", segment, offset)
 
 
 def _count(shape: list[int]) -> int:

@@ -465,7 +465,10 @@ class FakeDataPlane:
     async def unload_model(self, model: str, parameters: dict) -> None:
         self.calls.append(("unload", model, parameters))
 
-    async def infer(self, req):
+    async def infer_stream(self, req):
+        yield await self.infer(req)
+
+    async def infer(self, req, endpoint: str = ""):
         if req.model == "slow":
             try:
                 await self.gate.wait()

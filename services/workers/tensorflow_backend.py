@@ -1,0 +1,263 @@
+"""TensorFlow backend: the only module that imports tensorflow.
+
+Serves a SavedModel (`model.savedmodel/`, platform tensorflow_savedmodel) through one of its
+signatures, and a frozen GraphDef (`model.graphdef`, platform tensorflow_graphdef) through a
+pruned tf.compat.v1 wrap_function. Follows Triton's tensorflow_backend (src/tensorflow.cc:
+ParseParameters, AutoCompleteConfig, ValidateTRITONTFModel; src/tensorflow_backend_tf.cc:
+TRITONTF_ModelCreateFromSavedModel / FromGraphDef); error texts are Triton's where it has one.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+
+# TensorFlow's C++ runtime logs at INFO/WARNING from its first import on; a worker's log
+# should hold our lines. setdefault: TF_CPP_MIN_LOG_LEVEL=0 in the environment still works.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from tensorflow.core.framework import types_pb2  # noqa: E402
+
+from protos import model_config_pb2 as mc  # noqa: E402
+from services.common.config import TF_GRAPHDEF, complete_io  # noqa: E402
+from services.common.datatypes import api_to_config, config_to_api  # noqa: E402
+from services.common.errors import Code, TriremeError  # noqa: E402
+from services.common.repository import model_file  # noqa: E402
+
+log = logging.getLogger(__name__)
+tf.get_logger().setLevel(logging.ERROR)
+
+_TF_TYPES = {
+    tf.bool: "BOOL", tf.uint8: "UINT8", tf.uint16: "UINT16", tf.uint32: "UINT32",
+    tf.uint64: "UINT64", tf.int8: "INT8", tf.int16: "INT16", tf.int32: "INT32",
+    tf.int64: "INT64", tf.float16: "FP16", tf.float32: "FP32", tf.float64: "FP64",
+    tf.string: "BYTES", tf.bfloat16: "BF16",
+}
+_DEFAULT_TAG, _DEFAULT_SIGNATURE = "serve", "serving_default"
+
+
+def _err(msg: str) -> TriremeError:
+    return TriremeError(Code.INVALID_ARG, msg)
+
+
+def _param(cfg, key: str) -> str:
+    p = cfg.parameters.get(key)
+    return p.string_value if p is not None else ""
+
+
+def _thread_count(cfg, key: str) -> int:
+    """Triton's TF_NUM_INTRA_THREADS / TF_NUM_INTER_THREADS: 0 (the default) lets TF choose."""
+    text = _param(cfg, key)
+    try:
+        n = int(text) if text else 0
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise _err(f"parameter '{key}' must be non-negative number for TensorFlow model "
+                   f"'{cfg.name}'")
+    return n
+
+
+def _datatype(dtype, kind: str, key: str, model: str) -> str:
+    datatype = _TF_TYPES.get(dtype)
+    if datatype is None:
+        name = types_pb2.DataType.Name(dtype.as_datatype_enum)
+        raise _err(f"unable to process {kind} '{key}' for '{model}', unsupported datatype '{name}'")
+    return datatype
+
+
+def _setup_runtime(cfg, kind: str) -> str | None:
+    """Threads and devices; TF accepts both only before its runtime starts (the first op).
+    Returns the device to run on, None to keep the model's own placement (KIND_MODEL)."""
+    intra = _thread_count(cfg, "TF_NUM_INTRA_THREADS")
+    inter = _thread_count(cfg, "TF_NUM_INTER_THREADS")
+    if intra:
+        tf.config.threading.set_intra_op_parallelism_threads(intra)
+    if inter:
+        tf.config.threading.set_inter_op_parallelism_threads(inter)
+    gpus = tf.config.list_physical_devices("GPU")
+    if kind == "KIND_GPU" and not gpus:
+        raise TriremeError(Code.UNAVAILABLE, (
+            f"model '{cfg.name}' asks for KIND_GPU but TensorFlow sees no GPU (the package is "
+            f"tensorflow-cpu, or no CUDA device is visible); install tensorflow with CUDA "
+            f"support on a machine with a GPU or set KIND_CPU"))
+    if kind not in ("KIND_GPU", "KIND_MODEL"):
+        if gpus:   # a CPU instance must not take GPU memory
+            tf.config.set_visible_devices([], "GPU")
+        return "/CPU:0"
+    # Triton's default allow_gpu_memory_growth: instances on one GPU share it, none grabs it all.
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    # The scheduler sets CUDA_VISIBLE_DEVICES to the instance's GPU: it is always GPU:0 here.
+    return "/GPU:0" if kind == "KIND_GPU" else None
+
+
+class _SavedModel:
+    """One signature of a SavedModel; config names are the signature's input/output keys."""
+
+    def __init__(self, cfg, path, autocomplete: bool) -> None:
+        name = cfg.name
+        tag = _param(cfg, "TF_GRAPH_TAG") or _DEFAULT_TAG
+        try:
+            self._loaded = tf.saved_model.load(str(path), tags=[tag])
+        except Exception as e:   # garbage files, missing variables, unknown tag, unknown op
+            if autocomplete:
+                raise _err(f"unable to auto-complete model configuration for '{name}', failed "
+                           f"to load model: {e}") from e
+            raise _err(f"unable to load model '{name}': {e}") from e
+        self.fn = self._signature(cfg)
+        _, kwargs = self.fn.structured_input_signature
+        self.dtypes = {k: spec.dtype for k, spec in kwargs.items()}
+        # Signature keys are a map: sorted, so the completed config is the same on every load.
+        self.inputs = [(k, _datatype(s.dtype, "input", k, name), s.shape)
+                       for k, s in sorted(kwargs.items())]
+        self.outputs = [(k, _datatype(s.dtype, "output", k, name), s.shape)
+                        for k, s in sorted(self.fn.structured_outputs.items())]
+
+    def _signature(self, cfg):
+        sigs = self._loaded.signatures
+        wanted = _param(cfg, "TF_SIGNATURE_DEF")
+        if (wanted or _DEFAULT_SIGNATURE) in sigs:
+            return sigs[wanted or _DEFAULT_SIGNATURE]
+        if not wanted and sigs:
+            # Triton: no "serving_default", so the model's (first) other signature.
+            other = sorted(sigs)[0]
+            log.warning("unable to find default serving signature '%s', using signature '%s'",
+                        _DEFAULT_SIGNATURE, other)
+            return sigs[other]
+        raise _err(f"unable to load model '{cfg.name}', expected '{wanted or _DEFAULT_SIGNATURE}' "
+                   "signature")
+
+    def complete(self, cfg, autocomplete: bool):
+        """complete_io from the signature (Triton's rules); without auto-complete a config
+        that lists inputs and outputs is still checked against it. A tensor of unknown rank
+        takes its shape from the config and cannot be auto-completed (Triton: rank 0)."""
+        if not autocomplete and not (cfg.input and cfg.output):
+            return cfg   # validate() names what is missing
+        batch = [-1] if cfg.max_batch_size > 0 else []
+        given = {io.name: io for io in (*cfg.input, *cfg.output)}
+        triples: dict[str, list] = {"input": [], "output": []}
+        for kind, tensors in (("input", self.inputs), ("output", self.outputs)):
+            for key, datatype, shape in tensors:
+                if shape.rank is not None:
+                    dims = [-1 if d is None else int(d) for d in shape]
+                elif key in given and given[key].dims:
+                    dims = batch + list(given[key].dims)
+                else:
+                    raise _err(f"Unable to autofill for '{cfg.name}': the rank of model "
+                               f"tensor '{key}' is 0 which is not supported")
+                triples[kind].append((key, datatype, dims))
+        completed = complete_io(cfg, triples["input"], triples["output"])
+        return completed if autocomplete else cfg
+
+    def run(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, tf.Tensor]:
+        # convert_to_tensor copies: TF never aliases (read-only) shared memory.
+        result = self.fn(**{k: tf.convert_to_tensor(v, self.dtypes.get(k))
+                            for k, v in inputs.items()})
+        return {n: result[n] for n in outputs}
+
+
+class _GraphDef:
+    """A frozen GraphDef: any Placeholder may be an input and any other node an output
+    (Triton's "potential" inputs/outputs); tensor "X:0" serves the config name "X"."""
+
+    def __init__(self, cfg, path) -> None:
+        name = cfg.name
+        graph_def = tf.compat.v1.GraphDef()
+        try:
+            graph_def.ParseFromString(path.read_bytes())
+        except Exception as e:   # protobuf's DecodeError, or an unreadable file
+            raise _err(f"unable to load model '{name}': failed to parse '{path}' as a "
+                       f"GraphDef: {e}") from e
+        if not graph_def.node:
+            raise _err(f"model {name} has an empty network")
+        placeholders = {n.name for n in graph_def.node if n.op == "Placeholder"}
+        others = {n.name for n in graph_def.node if n.op != "Placeholder"}
+        if len(cfg.input) > len(placeholders):
+            raise _err(f"unable to load model '{name}', configuration expects {len(cfg.input)} "
+                       f"inputs, model provides at most {len(placeholders)}")
+        for kind, ios, allowed in (("input", cfg.input, placeholders),
+                                   ("output", cfg.output, others)):
+            for io in ios:
+                if io.name not in allowed:
+                    raise _err(f"unexpected inference {kind} '{io.name}', allowed {kind}s are: "
+                               + ", ".join(sorted(allowed)))
+        for node in graph_def.node:
+            # Triton clears placements that are not the CPU: the instance picks the device.
+            if "CPU" not in node.device.upper():
+                node.device = ""
+        self._wrapped = tf.compat.v1.wrap_function(
+            lambda: tf.compat.v1.import_graph_def(graph_def, name=""), [])
+        self._pruned: dict[tuple[tuple[str, ...], tuple[str, ...]], object] = {}
+        # Triton leaves datatypes to fail at run time; checking them here fails the load instead.
+        graph = self._wrapped.graph
+        self.dtypes = {}
+        for kind, ios in (("input", cfg.input), ("output", cfg.output)):
+            for io in ios:
+                self.dtypes[io.name] = graph.get_tensor_by_name(f"{io.name}:0").dtype
+                have = _datatype(self.dtypes[io.name], kind, io.name, name)
+                want = config_to_api(mc.DataType.Name(io.data_type))
+                if have != want:
+                    raise _err(f"unable to load model '{name}', configuration expects datatype "
+                               f"{mc.DataType.Name(io.data_type)} for {kind} '{io.name}', model "
+                               f"provides {api_to_config(have)}")
+
+    def run(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, tf.Tensor]:
+        feeds, fetches = tuple(inputs), tuple(outputs)
+        fn = self._pruned.get((feeds, fetches))
+        if fn is None:   # one pruned function per (inputs given, outputs asked) combination
+            graph = self._wrapped.graph
+            fn = self._wrapped.prune(feeds=[graph.get_tensor_by_name(f"{n}:0") for n in feeds],
+                                     fetches=[graph.get_tensor_by_name(f"{n}:0") for n in fetches])
+            self._pruned[(feeds, fetches)] = fn
+        results = fn(*(tf.convert_to_tensor(inputs[n], self.dtypes.get(n)) for n in feeds))
+        return dict(zip(fetches, results))
+
+
+def _op_error_text(e: tf.errors.OpError) -> str:
+    """The runtime's own words: TF prefixes them with the Python stack that built the failing
+    op (our paths, not the client's business) and suffixes the internal function name."""
+    text = e.message.strip().rsplit("\n\n", 1)[-1]
+    return re.sub(r"\s*\[Op:[^\]]*\]$", "", text).replace("\n\t", "")
+
+
+class TensorFlowBackend:
+    def __init__(self, cfg, load) -> None:
+        path = model_file(cfg, load.model_dir, load.version)
+        self.device = _setup_runtime(cfg, load.kind)
+        self.name = cfg.name
+        with self._on_device():   # variables and constants land where the instance runs
+            if cfg.platform == TF_GRAPHDEF:
+                # Triton: a GraphDef carries no shapes/datatypes, so no auto-complete.
+                self.model = _GraphDef(cfg, path)
+                self.config = cfg
+            else:
+                self.model = _SavedModel(cfg, path, load.autocomplete)
+                self.config = self.model.complete(cfg, load.autocomplete)
+        # No outputs asked for means the config's outputs (Triton), not all the model has.
+        self.output_names = [io.name for io in self.config.output]
+
+    def _on_device(self):
+        return tf.device(self.device) if self.device else contextlib.nullcontext()
+
+    def execute(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
+        try:
+            with self._on_device():
+                results = self.model.run(inputs, outputs or self.output_names)
+        except tf.errors.OpError as e:
+            raise TriremeError(Code.INTERNAL, f"TensorFlow error in model '{self.name}': "
+                                              f"{_op_error_text(e)}") from e
+        except (TypeError, ValueError) as e:   # inputs the function cannot bind
+            raise TriremeError(Code.INTERNAL,
+                               f"TensorFlow error in model '{self.name}': {e}") from e
+        # np.asarray shares the tensor's buffer (read-only); .numpy() would copy it.
+        return {k: np.asarray(v) for k, v in results.items()}
+
+    def close(self) -> None:
+        self.model = None
+
+
+BACKEND = TensorFlowBackend

@@ -1,0 +1,7 @@
+"""`import triton_python_backend_utils as pb_utils` outside a worker (tests, editors): the
+same module object the worker gives a model.py (services/workers/pb_utils.py)."""
+import sys
+
+from services.workers import pb_utils
+
+sys.modules[__name__] = pb_utils
