@@ -317,6 +317,27 @@ class TritonPythonModel:
             "VALUE", np.array([trireme_env_probe.VALUE], dtype=np.int32))]) for r in requests]
 '''
 
+PROBED = '''
+import os
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Ready while the file "healthy" exists in its model folder (is_ready)."""
+
+    def initialize(self, args):
+        self.marker = os.path.join(args["model_repository"], "healthy")
+
+    def is_ready(self):
+        return os.path.exists(self.marker)
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(
+            [pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())])
+            for r in requests]
+'''
+
 IDENTITY = '''
 import triton_python_backend_utils as pb_utils
 
@@ -400,6 +421,9 @@ def python_repository(root: Path) -> Path:
         python_model(root, name, ENV_PROBE, io_config(
             name, [("X", "TYPE_INT32", "[ 1 ]")], [("VALUE", "TYPE_INT32", "[ 1 ]")],
             extra=f'parameters {{ key: "EXECUTION_ENV_PATH" value {{ string_value: "{env}" }} }}'))
+    probed = python_model(root, "probed", PROBED, io_config(
+        "probed", [("X", "TYPE_INT32", "[ 1 ]")], [("Y", "TYPE_INT32", "[ 1 ]")]))
+    (probed / "healthy").touch()
     models.add_sub(root / "onnx_add_sub", size=4, batch=False)
     write_config(root / "onnx_add_sub", 'backend: "onnxruntime"\n'
                  'instance_group [{ kind: KIND_CPU, count: 1 }]\n')

@@ -183,6 +183,21 @@ def _titled(server, text: str) -> set[int]:
     return found
 
 
+def test_is_ready_decides_model_readiness(server, client):
+    marker = server.repo / "probed" / "healthy"
+    g = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        assert client.is_model_ready("probed") and g.is_model_ready("probed")
+        marker.unlink()
+        assert not client.is_model_ready("probed") and not g.is_model_ready("probed")
+        assert client.is_model_ready("add_sub")          # a model without is_ready
+        marker.touch()
+        assert client.is_model_ready("probed")
+    finally:
+        marker.touch()
+        g.close()
+
+
 def test_auto_complete_config(client):
     cfg = client.get_model_config("auto")
     assert cfg["max_batch_size"] == 4

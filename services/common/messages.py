@@ -28,6 +28,7 @@ class Kind(enum.IntEnum):
     UNLOAD_MODEL_REQUEST = 7
     GET_STATS = 8
     INFER_REQUESTS = 9
+    CHECK_READY = 17               # (numbered after the scheduler -> frontend range)
     # scheduler -> frontend (INFER_RESULT also worker -> frontend)
     INFER_RESULT = 10
     MODEL_INFO = 11
@@ -40,10 +41,12 @@ class Kind(enum.IntEnum):
     LOAD_MODEL = 20
     EXECUTE_BATCH = 21
     SHUTDOWN = 22
+    PROBE_READY = 23
     # worker -> scheduler
     WORKER_READY = 30
     MODEL_LOADED = 31
     BATCH_DONE = 32
+    PROBE_RESULT = 33
 
 
 class _Msg(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -121,6 +124,14 @@ class UnloadModelRequest(_Msg):
     unload_dependents: bool = False
 
 
+class CheckReady(_Msg):
+    """Model readiness for a model whose instances answer it themselves (a Python model's
+    is_ready()); the answer is a ControlDone, with an error when not ready."""
+    ctl_id: int
+    model: str
+    version: int = 0
+
+
 class GetStats(_Msg):
     """Statistics extension: every loaded version when ``model`` is empty."""
     ctl_id: int
@@ -170,6 +181,7 @@ class ModelInfo(_Msg):
     outputs: list[IOSpec] = []
     config_json: str = ""          # ModelConfig as Triton's JSON, pre-rendered once
     decoupled: bool = False
+    probe_ready: bool = False      # readiness asks the instances (CheckReady)
 
 
 class IndexEntry(_Msg):
@@ -279,6 +291,18 @@ class ModelLoaded(_Msg):
     worker_id: str
     error: ErrorRecord | None = None
     config: bytes = b""            # the completed ModelConfig (auto-complete runs in the worker)
+    probe: bool = False            # the backend answers ProbeReady with a check of its own
+
+
+class ProbeReady(_Msg):
+    probe_id: int
+
+
+class ProbeResult(_Msg):
+    probe_id: int
+    worker_id: str
+    ready: bool
+    reason: str = ""
 
 
 class BatchDone(_Msg):
@@ -301,6 +325,7 @@ _KIND_OF: dict[type, Kind] = {
     LoadModelRequest: Kind.LOAD_MODEL_REQUEST,
     UnloadModelRequest: Kind.UNLOAD_MODEL_REQUEST,
     GetStats: Kind.GET_STATS,
+    CheckReady: Kind.CHECK_READY,
     InferResult: Kind.INFER_RESULT,
     InferResults: Kind.INFER_RESULTS,
     ModelInfo: Kind.MODEL_INFO,
@@ -311,9 +336,11 @@ _KIND_OF: dict[type, Kind] = {
     LoadModel: Kind.LOAD_MODEL,
     ExecuteBatch: Kind.EXECUTE_BATCH,
     Shutdown: Kind.SHUTDOWN,
+    ProbeReady: Kind.PROBE_READY,
     WorkerReady: Kind.WORKER_READY,
     ModelLoaded: Kind.MODEL_LOADED,
     BatchDone: Kind.BATCH_DONE,
+    ProbeResult: Kind.PROBE_RESULT,
 }
 # ReleaseOutputs shares the RELEASE_BLOCKS kind byte on the scheduler -> worker leg.
 _KIND_BYTES = {cls: bytes([k]) for cls, k in _KIND_OF.items()}

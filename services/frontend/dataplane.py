@@ -223,9 +223,12 @@ class DataPlane:
 
     async def model_ready(self, model: str, version: str) -> bool:
         try:
-            await self._ready_info(model, version)
+            info, v = await self._ready_info(model, version)
         except TriremeError:
             return False
+        if info.probe_ready:   # its instances check themselves (a Python model's is_ready)
+            done = await self._call(m.CheckReady(next(self._ids), model, v))
+            return done.error is None
         return True
 
     async def model_config(self, model: str, version: str) -> dict:

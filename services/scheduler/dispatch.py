@@ -47,6 +47,7 @@ class Instance:
     loaded: bool = False
     inflight: dict[int, list[Pending]] = field(default_factory=dict)
     config: Any = None         # its inference.ModelInstanceGroup (rate_limiter settings)
+    probe: bool = False        # its backend checks readiness itself (ProbeReady)
 
 
 def _int_param(params: dict[str, Any], key: str) -> int:

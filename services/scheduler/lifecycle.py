@@ -77,7 +77,8 @@ def model_info(entry: ModelEntry) -> m.ModelInfo:
         inputs=_io_specs(cfg.input, cfg.max_batch_size),
         outputs=_io_specs(cfg.output, cfg.max_batch_size),
         config_json=json.dumps(cfgmod.config_to_json(cfg), separators=(",", ":")),
-        decoupled=cfg.model_transaction_policy.decoupled)
+        decoupled=cfg.model_transaction_policy.decoupled,
+        probe_ready=any(i.probe for i in entry.instances))
 
 
 class ModelManager:

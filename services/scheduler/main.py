@@ -11,6 +11,7 @@ Tensor bytes never pass through here as copies: inline frames are forwarded by r
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import time
@@ -36,6 +37,7 @@ log = logging.getLogger("trireme.scheduler")
 
 LOAD_TIMEOUT_S = 300.0
 RESTART_BACKOFF_S = 0.5
+PROBE_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -75,6 +77,8 @@ class Scheduler:
         self.delay_count = int(os.environ.get("TRITONSERVER_DELAY_SCHEDULER", "0") or 0)
         self.ready = False
         self._spawning: dict[str, tuple[asyncio.Future, asyncio.Future]] = {}
+        self._probes: dict[int, asyncio.Future] = {}
+        self._probe_ids = itertools.count(1)
         self._by_pid: dict[int, Instance] = {}       # loaded instances by worker pid
         self._workers: dict[str, Instance] = {}      # ... and by worker id
         self._stopping = False
@@ -163,6 +167,8 @@ class Scheduler:
                                                                   ctl_id=msg.ctl_id))
         elif isinstance(msg, m.GetStats):
             self._send_frontend(identity, self._statistics(msg))
+        elif isinstance(msg, m.CheckReady):
+            asyncio.get_running_loop().create_task(self._check_ready(identity, msg))
         elif isinstance(msg, m.GetIndex):
             self._send_frontend(identity, m.Index(msg.ctl_id, self.models.index(msg.ready_only)))
         elif isinstance(msg, (m.LoadModelRequest, m.UnloadModelRequest)):
@@ -242,6 +248,35 @@ class Scheduler:
             versions = [(msg.model, v) for v in ([msg.version] if msg.version >= 0 else ready)]
         return m.Stats(msg.ctl_id, [self.stats.get(n, v).to_message(n, v) for n, v in versions])
 
+    async def _check_ready(self, identity: bytes, msg: m.CheckReady) -> None:
+        """Ready when every instance of the version says so within PROBE_TIMEOUT_S (a
+        worker answers between batches; a model that hangs is not ready)."""
+        entry = self.models.models.get(msg.model)
+        vs = entry.ready_version(msg.version) if entry is not None else None
+        err = None
+        if vs is None:
+            err = m.ErrorRecord(int(Code.UNAVAILABLE), f"'{msg.model}' is not ready")
+        else:
+            loop = asyncio.get_running_loop()
+            probes = {}
+            for inst in entry.instances:
+                if inst.version == vs.version and inst.probe and inst.loaded:
+                    probe_id = next(self._probe_ids)
+                    probes[probe_id] = self._probes[probe_id] = loop.create_future()
+                    self._send_worker(inst.worker_id, m.ProbeReady(probe_id))
+            try:
+                results = await asyncio.wait_for(asyncio.gather(*probes.values()), PROBE_TIMEOUT_S)
+                bad = [r for r in results if not r.ready]
+                if bad:
+                    err = m.ErrorRecord(int(Code.UNAVAILABLE), bad[0].reason or "not ready")
+            except asyncio.TimeoutError:
+                err = m.ErrorRecord(int(Code.UNAVAILABLE), f"'{msg.model}' did not answer its "
+                                                           f"readiness check in {PROBE_TIMEOUT_S:.0f} s")
+            finally:
+                for probe_id in probes:
+                    self._probes.pop(probe_id, None)
+        self._send_frontend(identity, m.ControlDone(msg.ctl_id, err))
+
     async def _control(self, identity: bytes, msg: Any) -> None:
         err = None
         try:
@@ -298,6 +333,10 @@ class Scheduler:
                 vs.queue.batch_done(inst, msg.batch_id)
             else:
                 inst.inflight.pop(msg.batch_id, None)
+        elif isinstance(msg, m.ProbeResult):
+            fut = self._probes.get(msg.probe_id)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
         elif isinstance(msg, m.WorkerReady):
             futs = self._spawning.get(msg.worker_id)
             if futs and not futs[0].done():
@@ -337,6 +376,7 @@ class Scheduler:
             await handle.stop(5.0)
             raise TriremeError(reply.error.code, reply.error.message)
         inst.loaded = True
+        inst.probe = reply.probe
         self._by_pid[inst.pid] = inst
         self._workers[inst.worker_id] = inst
         return mc.ModelConfig.FromString(reply.config)

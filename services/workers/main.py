@@ -70,6 +70,8 @@ class Worker:
                 self.execute(msg, frames)
             elif isinstance(msg, m.ReleaseOutputs):
                 self.release(msg.blocks)
+            elif isinstance(msg, m.ProbeReady):
+                self.probe(msg)
             elif isinstance(msg, m.LoadModel):
                 self.load(msg)
             elif isinstance(msg, m.Shutdown):
@@ -99,7 +101,8 @@ class Worker:
             cfg = mc.ModelConfig.FromString(msg.config)
             self.backend = create_backend(cfg, msg)
             self.per_request = getattr(self.backend, "per_request", False)
-            reply = m.ModelLoaded(self.worker_id, config=self.backend.config.SerializeToString())
+            reply = m.ModelLoaded(self.worker_id, config=self.backend.config.SerializeToString(),
+                                  probe=hasattr(self.backend, "is_ready"))
         except TriremeError as e:
             reply = m.ModelLoaded(self.worker_id, error=m.ErrorRecord(int(e.code), e.message))
         except Exception as e:  # a framework's own load error
@@ -107,6 +110,17 @@ class Worker:
             reply = m.ModelLoaded(self.worker_id, error=m.ErrorRecord(
                 int(Code.INVALID_ARG), f"failed to load '{msg.model}' version {msg.version}: {e}"))
         self.sock.send_multipart(m.encode(reply))
+
+    def probe(self, msg: m.ProbeReady) -> None:
+        """Readiness as the backend sees it (a Python model's is_ready())."""
+        ready, reason = True, ""
+        try:
+            ready = bool(self.backend.is_ready())
+            if not ready:
+                reason = f"model '{self.model}' reports it is not ready"
+        except Exception as e:
+            ready, reason = False, str(e)
+        self.sock.send_multipart(m.encode(m.ProbeResult(msg.probe_id, self.worker_id, ready, reason)))
 
     # ------------------------------------------------------------------ execute
     def _array(self, ref: m.TensorRef, frames: list[Any]) -> np.ndarray:

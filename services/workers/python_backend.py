@@ -139,6 +139,8 @@ class PythonBackend:
         }
         if hasattr(self.model, "initialize"):
             self._call_model("initialize", self.model.initialize, args)
+        if hasattr(self.model, "is_ready"):   # the worker answers readiness checks with it
+            self.is_ready = lambda: self._call_model("is_ready", self.model.is_ready)
 
     def _bls_client(self) -> Any:
         """Started on the first BLS call: most Python models never make one."""
