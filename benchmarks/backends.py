@@ -6,28 +6,23 @@ in process.
                                   [--only onnxruntime,pytorch,tensorflow,openvino,python]
 
 What it does (see docs/benchmarks.md for the latest numbers):
-  * draws one set of weights and builds, for each backend, two models in ONE repository:
-      mlp_<backend>       L x (W x W MatMul + bias + ReLU), FP32 [-1, W] (default W 256, L 2)
-      identity_<backend>  FP32 [-1, 16] -> the same tensor
-    as model.onnx, a TorchScript model.pt (nn.Linear + ReLU), a SavedModel, an OpenVINO IR
-    (opset API) and a Python model.py (numpy, weights from .npy files read in initialize);
-    every config: max_batch_size 64, inputs and outputs written out (so auto-complete adds
-    no dynamic_batching), instance_group [{ kind: KIND_CPU, count: 1 }] and one intra-op
-    thread (intra_op_thread_count, INTRA_OP_THREAD_COUNT, TF_NUM_INTRA_THREADS,
-    INFERENCE_NUM_THREADS; OPENBLAS_NUM_THREADS=1 for numpy, in the server's environment);
-  * in process, in a fresh spawned process per framework (thread settings are per process
-    and TensorFlow's only before its first op), with that same single thread: ORT
-    session.run, torch.jit.load + inference_mode, the SavedModel's serving_default
-    signature, an OpenVINO compiled model's infer request, and for python the numpy
+  * one set of weights; per backend two models in ONE repository: mlp_<backend>, L x (W x W
+    MatMul + bias + ReLU) FP32 [-1, W] (W 256, L 2), and identity_<backend>, FP32 [-1, 16]:
+    model.onnx, TorchScript model.pt (nn.Linear + ReLU), SavedModel, OpenVINO IR (opset API),
+    Python model.py (numpy, weights from .npy files read in initialize). Every config:
+    max_batch_size 64, inputs/outputs written out (so no dynamic_batching is added), one
+    KIND_CPU instance, one intra-op thread (OPENBLAS_NUM_THREADS=1 for numpy);
+  * in process, in a fresh spawned process per framework (thread settings are per process),
+    on the same file with one thread: ORT session.run, torch.jit.load + inference_mode, the
+    SavedModel's serving_default signature, an OpenVINO infer request, for python the numpy
     computation itself: batch-1 p50/p99 and batch-64 rows/s;
-  * starts `python -m services.cli serve` once with the whole repository, checks every
-    served answer (batch 1 and 64, HTTP and gRPC) against the same framework in process,
-    then per backend: batch-1 p50/p99 at concurrency 1 with tritonclient.http and
-    tritonclient.grpc (binary data), and batch-64 rows/s with 1 and 2 threads sending
-    back to back, one client each; the CPU other processes used meanwhile is reported;
+  * `python -m services.cli serve` once with the whole repository; every served answer
+    (batch 1 and 64, HTTP and gRPC) checked against the same framework in process; then
+    per backend batch-1 p50/p99 at concurrency 1 (tritonclient.http / .grpc, binary data)
+    and batch-64 rows/s from 1 and 2 threads, one client each, with the CPU per request of
+    client, frontend, scheduler and worker (/proc) and the CPU other processes used;
   * the issue's target: python identity batch-1 p50 <= 1.2x the onnxruntime identity's;
-  * after the runs, the RSS of every server process and which framework libraries each
-    maps (/proc/<pid>/maps): the frontends and the scheduler should map none.
+  * afterwards the RSS of every server process and the framework libraries each maps.
 """
 from __future__ import annotations
 
@@ -202,68 +197,55 @@ def load(backend: str, path: Path) -> Callable[[np.ndarray], np.ndarray]:
             .create_infer_request()
         return lambda x: req.infer([x])[0]
     if (path.parent / "weights.npy").exists():
-        layers = list(zip(np.load(path.parent / "weights.npy"), np.load(path.parent / "biases.npy")))
+        layers = list(zip(*(np.load(path.parent / f) for f in ("weights.npy", "biases.npy"))))
         return lambda x: numpy_mlp(x, layers)
     return lambda x: x.copy()   # identity: nothing to compute; the copy stands for the output
 
 
 # --------------------------------------------------------------------------- timing
 
-def cpu_us(meter: CpuMeter | None, requests: int) -> dict:
-    """CPU µs per request of each process the meter watches (all threads, from /proc)."""
-    if meter is None:
-        return {}
-    return {k: 1e6 * v["cpu"] / requests for k, v in meter.sample().items()}
-
-
 def latency(call: Callable, warmup: int, n: int, pids: dict | None = None) -> dict:
+    """Batch-1 p50/p99 of n calls; with pids, the CPU µs per call of each process."""
     for _ in range(warmup):
         call()
     lat = []
-    meter = CpuMeter(pids) if pids else None
+    meter = CpuMeter(pids or {})
     for _ in range(n):
         t = time.perf_counter_ns()
         call()
         lat.append(time.perf_counter_ns() - t)
     p50, p99, _ = pct(lat)
-    return {"p50_ms": p50, "p99_ms": p99, "n": n, "cpu_us": cpu_us(meter, n)}
+    return {"p50_ms": p50, "p99_ms": p99, "n": n,
+            "cpu_us": {k: 1e6 * v["cpu"] / n for k, v in meter.sample().items()}}
 
 
 def throughput(calls: list[Callable], seconds: float, pids: dict | None = None) -> dict:
-    """Each call in its own thread, back to back for `seconds` after a short warm-up."""
-    counts = [0] * len(calls)
-    barrier = threading.Barrier(len(calls) + 1)
-    errors: list[BaseException] = []
+    """Each call in its own thread, back to back for `seconds` after 3 warm-up calls each."""
+    for call in calls:
+        for _ in range(3):
+            call()
+    counts, errors = [0] * len(calls), []
+    meter = CpuMeter(pids or {})
+    t0 = time.perf_counter()
 
     def loop(k: int) -> None:
         try:
-            for _ in range(3):
-                calls[k]()
-            barrier.wait()
-            while time.perf_counter() < deadline:
+            while time.perf_counter() - t0 < seconds:
                 calls[k]()
                 counts[k] += 1
         except BaseException as e:  # noqa: BLE001 - re-raised below
             errors.append(e)
-            barrier.abort()
 
     threads = [threading.Thread(target=loop, args=(k,)) for k in range(len(calls))]
-    deadline = float("inf")
     for t in threads:
         t.start()
-    try:
-        barrier.wait()
-    except threading.BrokenBarrierError:
-        pass
-    meter = CpuMeter(pids) if pids else None
-    t0 = time.perf_counter()
-    deadline = t0 + seconds
     for t in threads:
         t.join()
     if errors:
         raise errors[0]
-    return {"rows_per_s": sum(counts) * BATCH / (time.perf_counter() - t0),
-            "cpu_us": cpu_us(meter, sum(counts))}
+    wall, done = time.perf_counter() - t0, sum(counts)
+    return {"rows_per_s": done * BATCH / wall,
+            "cpu_us": {k: 1e6 * v["cpu"] / done for k, v in meter.sample().items()}}
 
 
 def inprocess(backend: str, repo: Path, layers: list, width: int, xs: dict, warmup: int, n: int,
@@ -287,46 +269,41 @@ def inprocess(backend: str, repo: Path, layers: list, width: int, xs: dict, warm
     return out
 
 
-def client(proto: str, url: str, model: str, backend: str, x: np.ndarray):
-    """(client, call): call() sends x once and returns the output as numpy."""
-    tc = importlib.import_module(f"tritonclient.{proto}")
-    c = tc.InferenceServerClient(url)
+def caller(tc, c, model: str, backend: str, x: np.ndarray) -> Callable[[], np.ndarray]:
+    """call() sends x to model with client c (module tc) and returns the output as numpy."""
     i, o = io_names(backend)
     inp = tc.InferInput(i, list(x.shape), "FP32")
     inp.set_data_from_numpy(x)
     outs = [tc.InferRequestedOutput(o)]
-    return c, lambda: c.infer(model, [inp], outputs=outs).as_numpy(o)
+    return lambda: c.infer(model, [inp], outputs=outs).as_numpy(o)
 
 
 def served(srv: Server, backend: str, xs: dict, ref: dict, warmup: int, n: int,
            seconds: float) -> dict:
-    urls = {"http": srv.http, "grpc": srv.grpc}
     res: dict = {"mlp": {}, "identity": {}}
     procs = srv.processes()
     meter = CpuMeter({**procs, "client": os.getpid()})
-    for kind in ("mlp", "identity"):
-        model = f"{kind}_{backend}"
-        # The processes on this model's path (one frontend: the benchmark starts one).
-        pids = {"client": os.getpid(), "frontend": procs["frontend"],
-                "scheduler": procs["scheduler"], "worker": procs[f"worker[{model}]"]}
-        for proto, url in urls.items():
-            c1, call1 = client(proto, url, model, backend, xs[kind][0])
-            c64, call64 = client(proto, url, model, backend, xs[kind][1])
-            for call, want in ((call1, ref[kind]["out1"]), (call64, ref[kind]["out64"])):
+    for proto, url in (("http", srv.http), ("grpc", srv.grpc)):
+        tc = importlib.import_module(f"tritonclient.{proto}")
+        clients = [tc.InferenceServerClient(url) for _ in range(2)]
+        for kind in ("mlp", "identity"):
+            model = f"{kind}_{backend}"
+            # The processes on this model's path (the benchmark starts one frontend).
+            pids = {"client": os.getpid(), "frontend": procs["frontend"],
+                    "scheduler": procs["scheduler"], "worker": procs[f"worker[{model}]"]}
+            one = caller(tc, clients[0], model, backend, xs[kind][0])
+            big = [caller(tc, c, model, backend, xs[kind][1]) for c in clients]
+            for call, want in ((one, ref[kind]["out1"]), (big[0], ref[kind]["out64"])):
                 got = call()
                 if got.shape != want.shape or not np.allclose(got, want, rtol=1e-5, atol=1e-5):
                     raise AssertionError(f"{proto} {model}: the served output differs from "
                                          f"{backend} in process")
-            res[kind][proto] = latency(call1, warmup, n, pids)
-            c64.close()
+            res[kind][proto] = latency(one, warmup, n, pids)
             if kind == "mlp":
                 for conc in (1, 2):
-                    pairs = [client(proto, url, model, backend, xs[kind][1]) for _ in range(conc)]
-                    res[kind][f"{proto}_c{conc}"] = throughput([p[1] for p in pairs], seconds,
-                                                               pids)
-                    for p in pairs:
-                        p[0].close()
-            c1.close()
+                    res[kind][f"{proto}_c{conc}"] = throughput(big[:conc], seconds, pids)
+        for c in clients:
+            c.close()
     res["other_cpu_pct"] = meter.percent(meter.sample())["machine"]["other"]
     return res
 
@@ -397,13 +374,11 @@ def identity_ratio(srv: dict) -> list[dict]:
 
 
 def versions() -> dict:
-    def first(*packages: str) -> str:
-        for p in packages:
-            with contextlib.suppress(PackageNotFoundError):
-                return version(p)
-        return "not installed"
-    return {"torch": first("torch"), "tensorflow": first("tensorflow-cpu", "tensorflow"),
-            "openvino": first("openvino")}
+    out = {}
+    for p in ("torch", "tensorflow-cpu", "tensorflow", "openvino"):
+        with contextlib.suppress(PackageNotFoundError):
+            out[p] = version(p)
+    return out
 
 
 def main() -> int:
@@ -413,22 +388,19 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=2, help="MLP layers L (2)")
     ap.add_argument("--only", default=",".join(BACKENDS), help="backends, comma-separated")
     ap.add_argument("--json", type=Path, help="also write every figure here")
-    ap.add_argument("--quiet-wait", type=float, default=None,
-                    help="wait up to this many seconds for an idle machine before each "
-                         "backend's runs (default 30, 0 with --quick)")
     args = ap.parse_args()
     only = args.only.split(",")
     if unknown := set(only) - set(BACKENDS):
         ap.error(f"unknown backend(s) {sorted(unknown)}; choose from {','.join(BACKENDS)}")
     warmup, n, seconds = (50, 300, 2.0) if args.quick else (200, 2000, 5.0)
-    quiet_wait = args.quiet_wait if args.quiet_wait is not None else (0 if args.quick else 30)
+    # Other engineers' test suites share these 2 cores: wait (up to 30 s) for a quiet moment.
+    quiet_wait = 0 if args.quick else 30
     width = args.width
 
     info = machine_info(1) | versions()
-    print("\n".join(["# Trireme backends benchmark", "",
-                     f"command: `{' '.join(['python benchmarks/backends.py', *sys.argv[1:]])}`",
-                     "", "| machine | |", "|---|---|", *(f"| {k} | {v} |" for k, v in info.items())])
-          + "\n", flush=True)
+    print(f"# Trireme backends benchmark\n\ncommand: `python benchmarks/backends.py "
+          f"{' '.join(sys.argv[1:])}`\n\n| machine | |\n|---|---|", flush=True)
+    print("\n".join(f"| {k} | {v} |" for k, v in info.items()) + "\n", flush=True)
 
     rng = np.random.default_rng(0)
     layers = [((rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32),
@@ -494,7 +466,8 @@ def main() -> int:
     if ratios:
         print(f"\n## Issue target: python identity round trip ≤ {TARGET}× the onnxruntime "
               "identity's (batch-1 p50)\n")
-        print("| protocol | python ms | onnxruntime ms | ratio | result |\n|---|---:|---:|---:|---|")
+        print("| protocol | python ms | onnxruntime ms | ratio | result |\n"
+              "|---|---:|---:|---:|---|")
         for r in ratios:
             print(f"| {r['proto']} | {r['python_ms']:.3f} | {r['onnx_ms']:.3f} | "
                   f"{r['ratio']:.2f}× | {'PASS' if r['pass'] else '**FAIL**'} |")
@@ -508,9 +481,9 @@ def main() -> int:
     if args.json:
         strip = {b: {k: {kk: vv for kk, vv in v.items() if not kk.startswith("out")}
                      for k, v in d.items()} for b, d in inproc.items()}
-        args.json.write_text(json.dumps({"machine": info, "args": vars(args) | {"json": str(args.json)},
-                                         "inprocess": strip, "served": results,
-                                         "identity_ratio": ratios, "memory": mem}, indent=1))
+        args.json.write_text(json.dumps(
+            {"machine": info, "args": vars(args) | {"json": str(args.json)}, "inprocess": strip,
+             "served": results, "identity_ratio": ratios, "memory": mem}, indent=1))
         log(f"wrote {args.json}")
     return 0 if all(r["pass"] for r in ratios) else 1
 

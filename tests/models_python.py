@@ -338,6 +338,33 @@ class TritonPythonModel:
             for r in requests]
 '''
 
+METERED = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Custom metrics, as Triton's custom_metrics example: a counter and a histogram."""
+
+    def initialize(self, args):
+        self.seen = pb_utils.MetricFamily(
+            name="requests_seen", description="Requests this model executed",
+            kind=pb_utils.MetricFamily.COUNTER).Metric(labels={"model": args["model_name"]})
+        self.sizes = pb_utils.MetricFamily(
+            name="input_size", description="Elements per request",
+            kind=pb_utils.MetricFamily.HISTOGRAM).Metric(labels={"model": args["model_name"]},
+                                                         buckets=[1, 4])
+
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
+            self.seen.increment(1)
+            self.sizes.observe(x.size)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor(
+                "Y", x.astype("int64").sum(keepdims=True).astype(x.dtype))]))
+        return out
+'''
+
 IDENTITY = '''
 import triton_python_backend_utils as pb_utils
 
@@ -424,6 +451,8 @@ def python_repository(root: Path) -> Path:
     probed = python_model(root, "probed", PROBED, io_config(
         "probed", [("X", "TYPE_INT32", "[ 1 ]")], [("Y", "TYPE_INT32", "[ 1 ]")]))
     (probed / "healthy").touch()
+    python_model(root, "metered", METERED, io_config(
+        "metered", [("X", "TYPE_INT32", "[ -1 ]")], [("Y", "TYPE_INT32", "[ 1 ]")]))
     models.add_sub(root / "onnx_add_sub", size=4, batch=False)
     write_config(root / "onnx_add_sub", 'backend: "onnxruntime"\n'
                  'instance_group [{ kind: KIND_CPU, count: 1 }]\n')

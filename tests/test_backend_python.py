@@ -6,6 +6,7 @@ import concurrent.futures as cf
 import json
 import queue
 import re
+import urllib.request
 
 import numpy as np
 import pytest
@@ -196,6 +197,22 @@ def test_is_ready_decides_model_readiness(server, client):
     finally:
         marker.touch()
         g.close()
+
+
+def test_custom_metrics_on_the_metrics_endpoint(server, client):
+    for n in (1, 3, 9):
+        r = client.infer("metered", [_inp("X", np.ones(n, np.int32))])
+        assert r.as_numpy("Y").tolist() == [n]
+    with urllib.request.urlopen(server.metrics_url) as f:
+        text = f.read().decode()
+    block = [ln for ln in text.splitlines() if "requests_seen" in ln or "input_size" in ln]
+    assert block == [
+        "# HELP input_size Elements per request", "# TYPE input_size histogram",
+        'input_size_bucket{model="metered",le="1"} 1', 'input_size_bucket{model="metered",le="4"} 2',
+        'input_size_bucket{model="metered",le="+Inf"} 3', 'input_size_sum{model="metered"} 13',
+        'input_size_count{model="metered"} 3',
+        "# HELP requests_seen Requests this model executed", "# TYPE requests_seen counter",
+        'requests_seen{model="metered"} 3']
 
 
 def test_auto_complete_config(client):

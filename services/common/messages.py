@@ -292,6 +292,7 @@ class ModelLoaded(_Msg):
     error: ErrorRecord | None = None
     config: bytes = b""            # the completed ModelConfig (auto-complete runs in the worker)
     probe: bool = False            # the backend answers ProbeReady with a check of its own
+    metrics: list[MetricFamilyRecord] | None = None
 
 
 class ProbeReady(_Msg):
@@ -305,6 +306,23 @@ class ProbeResult(_Msg):
     reason: str = ""
 
 
+class MetricSeries(_Msg):
+    """One labelled series of a model's custom metric (pb_utils.MetricFamily)."""
+    labels: dict[str, str]
+    value: float = 0.0             # counter, gauge
+    buckets: list[float] = []      # histogram: upper bounds, cumulative counts, sum, count
+    counts: list[int] = []
+    sum: float = 0.0
+    count: int = 0
+
+
+class MetricFamilyRecord(_Msg):
+    name: str
+    description: str
+    kind: str                      # counter | gauge | histogram
+    series: list[MetricSeries]
+
+
 class BatchDone(_Msg):
     batch_id: int
     worker_id: str
@@ -312,6 +330,7 @@ class BatchDone(_Msg):
     compute_infer_ns: int = 0
     compute_output_ns: int = 0
     failed: int = 0                # requests of the batch that got an error
+    metrics: list[MetricFamilyRecord] | None = None   # the model's custom metrics, if changed
 
 
 # ---------------------------------------------------------------- encoding

@@ -70,7 +70,8 @@ class Scheduler:
         self.settings = settings
         self.frontends: set[bytes] = set()
         self.stats = StatsRegistry()
-        self.metrics = Metrics(self.stats, self._ready_versions)
+        self.custom_metrics: dict[str, list] = {}   # worker id -> its model's custom families
+        self.metrics = Metrics(self.stats, self._ready_versions, lambda: list(self.custom_metrics.values()))
         self.limiter = (RateLimiter(settings.rate_limit_resources)
                         if settings.rate_limit == "execution_count" else None)
         # Triton's batching test hook: each batcher holds requests until this many are queued.
@@ -317,6 +318,8 @@ class Scheduler:
     def _on_worker(self, parts: list[Any]) -> None:
         msg, _ = m.decode(parts[1:])
         if isinstance(msg, m.BatchDone):
+            if msg.metrics is not None:
+                self.custom_metrics[msg.worker_id] = msg.metrics
             inst = self._workers.get(msg.worker_id)
             if inst is None:
                 return
@@ -342,6 +345,8 @@ class Scheduler:
             if futs and not futs[0].done():
                 futs[0].set_result(msg.pid)
         elif isinstance(msg, m.ModelLoaded):
+            if msg.metrics is not None:
+                self.custom_metrics[msg.worker_id] = msg.metrics
             futs = self._spawning.get(msg.worker_id)
             if futs and not futs[1].done():
                 futs[1].set_result(msg)
@@ -397,6 +402,7 @@ class Scheduler:
     async def _stop_instance(self, inst: Instance) -> None:
         self._by_pid.pop(inst.pid, None)
         self._workers.pop(inst.worker_id, None)
+        self.custom_metrics.pop(inst.worker_id, None)
         if self.limiter is not None:    # its resources stop counting toward the defaults
             self.limiter.unregister(inst)
         if inst.handle is not None:
@@ -405,6 +411,7 @@ class Scheduler:
     async def _worker_exited(self, inst: Instance, handle: ProcessHandle, code: int) -> None:
         self._by_pid.pop(inst.pid, None)
         self._workers.pop(inst.worker_id, None)
+        self.custom_metrics.pop(inst.worker_id, None)
         # Frontends unmap the dead worker's output segments (unlinked already by the supervisor).
         self._changed([inst.model], dead_pids=[handle.pid])
         futs = self._spawning.get(inst.worker_id)

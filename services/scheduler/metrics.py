@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+import msgspec
+
 from aiohttp import web
 
 from services.scheduler.stats import BATCH_BUCKETS, StatsRegistry, VersionStats
@@ -61,14 +63,17 @@ def _escape(v: str) -> str:
 
 
 class Metrics:
-    def __init__(self, stats: StatsRegistry, ready: Callable[[], list]) -> None:
+    def __init__(self, stats: StatsRegistry, ready: Callable[[], list],
+                 custom: Callable[[], list] = list) -> None:
         self.stats = stats
         self.ready = ready          # () -> sorted [(model, version)] ready now: unloaded drop out
+        self.custom = custom        # () -> per worker, its model's MetricFamilyRecords
 
     def render(self) -> str:
+        custom = _custom(self.custom())
         rows = [(k, self.stats.versions[k]) for k in self.ready() if k in self.stats.versions]
         if not rows:
-            return "\n"
+            return "\n".join(custom) + "\n"
         labels = {key: f'model="{_escape(key[0])}",version="{key[1]}"' for key, _ in rows}
         out: list[str] = []
         for family, (kind, text, value) in COUNTERS.items():
@@ -84,7 +89,7 @@ class Metrics:
         out += [f"# HELP {name} {text}", f"# TYPE {name} histogram"]
         for key, s in rows:
             out += _histogram(name, labels[key], s)
-        return "\n".join(out) + "\n"
+        return "\n".join(out + custom) + "\n"
 
     async def serve(self, host: str, port: int) -> web.AppRunner:
         async def handle(_: web.Request) -> web.Response:
@@ -115,3 +120,42 @@ def _histogram(name: str, labels: str, s: VersionStats) -> list[str]:
     lines.append(f"{name}_sum{{{labels}}} {rows}")
     lines.append(f"{name}_count{{{labels}}} {total}")
     return lines
+
+
+def _custom(per_worker: list[list]) -> list[str]:
+    """Python models' custom metrics (pb_utils.MetricFamily). Instances of a model share a
+    family as they would in Triton's one process: counters and histograms of the same
+    labels add up; a gauge shows the last value set."""
+    families: dict[str, tuple[str, str, dict]] = {}
+    for records in per_worker:
+        for f in records:
+            kind, _, series = families.setdefault(f.name, (f.kind, f.description, {}))
+            for s in f.series:
+                key = tuple(sorted(s.labels.items()))
+                cur = series.get(key)
+                if cur is None or kind == "gauge" or cur.buckets != s.buckets:
+                    series[key] = msgspec.structs.replace(s, counts=list(s.counts))
+                else:
+                    cur.value += s.value
+                    cur.counts = [a + b for a, b in zip(cur.counts, s.counts)]
+                    cur.sum += s.sum
+                    cur.count += s.count
+    out: list[str] = []
+    for name, (kind, text, series) in sorted(families.items()):
+        out += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
+        for key, s in sorted(series.items()):
+            labels = ",".join(f'{k}="{_escape(v)}"' for k, v in key)
+            if kind != "histogram":
+                out.append(f"{name}{{{labels}}} {_num(s.value)}" if labels else f"{name} {_num(s.value)}")
+                continue
+            sep = "," if labels else ""
+            for bound, n in zip(s.buckets, s.counts):
+                out.append(f'{name}_bucket{{{labels}{sep}le="{_num(bound)}"}} {n}')
+            out.append(f'{name}_bucket{{{labels}{sep}le="+Inf"}} {s.count}')
+            out.append(f"{name}_sum{{{labels}}} {_num(s.sum)}")
+            out.append(f"{name}_count{{{labels}}} {s.count}")
+    return out
+
+
+def _num(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else repr(float(v))

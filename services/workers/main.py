@@ -102,7 +102,7 @@ class Worker:
             self.backend = create_backend(cfg, msg)
             self.per_request = getattr(self.backend, "per_request", False)
             reply = m.ModelLoaded(self.worker_id, config=self.backend.config.SerializeToString(),
-                                  probe=hasattr(self.backend, "is_ready"))
+                                  probe=hasattr(self.backend, "is_ready"), metrics=self._metrics())
         except TriremeError as e:
             reply = m.ModelLoaded(self.worker_id, error=m.ErrorRecord(int(e.code), e.message))
         except Exception as e:  # a framework's own load error
@@ -161,7 +161,11 @@ class Worker:
         t3 = time.perf_counter_ns()
         t1, t2 = times
         self.sock.send_multipart(m.encode(m.BatchDone(
-            batch.batch_id, self.worker_id, t1 - t0, t2 - t1, t3 - t2, failed)))
+            batch.batch_id, self.worker_id, t1 - t0, t2 - t1, t3 - t2, failed, self._metrics())))
+
+    def _metrics(self) -> list | None:
+        take = getattr(self.backend, "take_metrics", None)
+        return take() if take is not None else None
 
     def _run_batch(self, items: list[m.BatchItem], per_item: list[dict], replies: dict,
                    times: list[int]) -> None:

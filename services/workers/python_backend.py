@@ -179,6 +179,10 @@ class PythonBackend:
                              daemon=True).start()
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
+    def take_metrics(self) -> list | None:
+        """The model's custom metrics (pb_utils.MetricFamily), when they changed."""
+        return pb_utils._take_metrics()
+
     # ---------------------------------------------------------------------------- execute
     def execute_requests(self, items: list[Any], inputs: list[dict[str, np.ndarray]],
                          reply: Reply) -> list[Any]:
