@@ -220,32 +220,40 @@ def latency(call: Callable, warmup: int, n: int, pids: dict | None = None) -> di
 
 
 def throughput(calls: list[Callable], seconds: float, pids: dict | None = None) -> dict:
-    """Each call in its own thread, back to back for `seconds` after 3 warm-up calls each."""
-    for call in calls:
-        for _ in range(3):
-            call()
-    counts, errors = [0] * len(calls), []
-    meter = CpuMeter(pids or {})
-    t0 = time.perf_counter()
+    """calls back to back for `seconds` after 3 warm-up calls each: calls[0] in this thread,
+    the others in threads of their own (a tritonclient.http client must stay in the thread
+    that first used it: it runs on gevent)."""
+    counts, errors, state = [0] * len(calls), [], {}
+
+    def go() -> None:
+        state["meter"], state["t0"] = CpuMeter(pids or {}), time.perf_counter()
+    barrier = threading.Barrier(len(calls), action=go)
 
     def loop(k: int) -> None:
         try:
-            while time.perf_counter() - t0 < seconds:
+            for _ in range(3):
+                calls[k]()
+            barrier.wait()
+            while time.perf_counter() - state["t0"] < seconds:
                 calls[k]()
                 counts[k] += 1
-        except BaseException as e:  # noqa: BLE001 - re-raised below
+        except threading.BrokenBarrierError:
+            pass   # another thread failed: its error is raised
+        except BaseException as e:  # noqa: BLE001 - raised below
             errors.append(e)
+            barrier.abort()
 
-    threads = [threading.Thread(target=loop, args=(k,)) for k in range(len(calls))]
+    threads = [threading.Thread(target=loop, args=(k,)) for k in range(1, len(calls))]
     for t in threads:
         t.start()
+    loop(0)
     for t in threads:
         t.join()
     if errors:
         raise errors[0]
-    wall, done = time.perf_counter() - t0, sum(counts)
+    wall, done = time.perf_counter() - state["t0"], sum(counts)
     return {"rows_per_s": done * BATCH / wall,
-            "cpu_us": {k: 1e6 * v["cpu"] / done for k, v in meter.sample().items()}}
+            "cpu_us": {k: 1e6 * v["cpu"] / done for k, v in state["meter"].sample().items()}}
 
 
 def inprocess(backend: str, repo: Path, layers: list, width: int, xs: dict, warmup: int, n: int,
