@@ -21,7 +21,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from services.common.datatypes import deserialize_bytes_tensor, numpy_dtype, serialize_bytes_tensor
-from services.common.errors import TriremeError
+from services.common.errors import Code, TriremeError
 from services.frontend.dataplane import DataPlane
 from services.frontend.settings import FrontendSettings
 from services.frontend.types import CoreRequest, CoreResponse, InputTensor, RequestedOutput
@@ -173,7 +173,6 @@ def _version(req: pb_utils.InferenceRequest) -> str:
 
 def _not_ready(req: pb_utils.InferenceRequest) -> TriremeError:
     # Triton's BLS text, which its examples print.
-    from services.common.errors import Code
     return TriremeError(Code.INTERNAL, "Failed for execute the inference request. "
                                        f"Model '{req.model_name()}' is not ready.")
 

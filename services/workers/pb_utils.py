@@ -34,8 +34,12 @@ _TYPE_NUMBERS = {"TYPE_BOOL": 1, "TYPE_UINT8": 2, "TYPE_UINT16": 3, "TYPE_UINT32
                  "TYPE_STRING": 13, "TYPE_BF16": 14}
 _API_OF_NUMBER = {n: ("BYTES" if k == "TYPE_STRING" else k[5:]) for k, n in _TYPE_NUMBERS.items()}
 
+def _no_bls() -> Any:
+    raise TritonModelException("BLS and model control need a running Trireme worker")
+
+
 # The worker fills these in (services/workers/python_backend.py); models never touch them.
-_bls: Any = None            # () -> the BLS client of this worker, started on first use
+_bls: Any = _no_bls         # () -> the BLS client of this worker, started on first use
 _model_name = ""
 
 
