@@ -236,7 +236,8 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     """Identity on X; a negative first element raises, an element of 100 answers with a
-    TritonError, and 7 ends the process the way a crashing extension would."""
+    TritonError, 5 answers with a complex output no datatype fits, and 7 ends the process
+    the way a crashing extension would."""
 
     def execute(self, requests):
         responses = []
@@ -247,6 +248,9 @@ class TritonPythonModel:
             if x[0] == 7:
                 import ctypes
                 ctypes.string_at(0)   # SIGSEGV
+            if x[0] == 5:
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x.astype(np.complex64))]))
+                continue
             if x[0] == 100:
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(
                     "one hundred is not allowed", pb_utils.TritonError.INVALID_ARG)))

@@ -156,6 +156,10 @@ def test_model_errors_fail_their_request_only(client):
     with pytest.raises(InferenceServerException) as e:
         client.infer("raiser", [_inp("X", np.array([100], np.int32))])
     assert (e.value.status(), e.value.message()) == ("400", "one hundred is not allowed")
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("raiser", [_inp("X", np.array([5], np.int32))])
+    assert (e.value.status(), e.value.message()) == (
+        "500", "model 'raiser' returned an output it cannot send: unsupported numpy dtype complex64")
     assert client.infer("raiser", [_inp("X", one)]).as_numpy("Y").tolist() == [1]
 
 

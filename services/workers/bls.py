@@ -75,10 +75,6 @@ def _response(resp: CoreResponse) -> pb_utils.InferenceResponse:
     return pb_utils.InferenceResponse(tensors, parameters=resp.parameters)
 
 
-def _error_response(e: TriremeError) -> pb_utils.InferenceResponse:
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(e.message, int(e.code)))
-
-
 class BlsClient:
     def __init__(self, scheduler_addr: str, inline_threshold: int, use_shm: bool) -> None:
         if not scheduler_addr:
@@ -107,13 +103,19 @@ class BlsClient:
             self.thread.join(5.0)
 
     # -- inference ------------------------------------------------------------------------
+    async def _failed(self, req: pb_utils.InferenceRequest, e: TriremeError) -> pb_utils.InferenceResponse:
+        """The error as the model sees it: Triton's BLS text when the target is not ready
+        (checked only now, so a call that succeeds costs no readiness round trip)."""
+        if not await self.dp.model_ready(req.model_name(), _version(req)):
+            e = TriremeError(Code.INTERNAL, "Failed for execute the inference request. "
+                                            f"Model '{req.model_name()}' is not ready.")
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(e.message, int(e.code)))
+
     async def _infer(self, req: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
         try:
-            if not await self.dp.model_ready(req.model_name(), _version(req)):
-                return _error_response(_not_ready(req))
             resp = await self.dp.infer(_core_request(req), "BLS")
         except TriremeError as e:
-            return _error_response(e)
+            return await self._failed(req, e)
         try:
             return _response(resp)
         finally:
@@ -122,16 +124,13 @@ class BlsClient:
     async def _stream(self, req: pb_utils.InferenceRequest, sink: Any) -> None:
         """Every response of a decoupled model, each handed to ``sink`` as it arrives."""
         try:
-            if not await self.dp.model_ready(req.model_name(), _version(req)):
-                sink(_error_response(_not_ready(req)))
-                return
             async for resp in self.dp.infer_stream(_core_request(req)):
                 try:
                     sink(_response(resp))
                 finally:
                     self.dp.release(resp)
         except TriremeError as e:
-            sink(_error_response(e))
+            sink(await self._failed(req, e))
         finally:
             sink(_END)
 
@@ -169,12 +168,6 @@ class BlsClient:
 
 def _version(req: pb_utils.InferenceRequest) -> str:
     return "" if req.model_version() < 0 else str(req.model_version())
-
-
-def _not_ready(req: pb_utils.InferenceRequest) -> TriremeError:
-    # Triton's BLS text, which its examples print.
-    return TriremeError(Code.INTERNAL, "Failed for execute the inference request. "
-                                       f"Model '{req.model_name()}' is not ready.")
 
 
 def _drain(q: queue.SimpleQueue) -> Iterator[pb_utils.InferenceResponse]:

@@ -203,8 +203,12 @@ class Worker:
                 self._add_error(replies, it, answer)
                 failed += 1
             elif answer is not None:   # None: its response sender answers
-                names = it.outputs or list(answer)
-                self._add_result(replies, it, [(n, answer[n]) for n in names if n in answer])
+                try:
+                    self._add_result(replies, it, _chosen(it, answer))
+                except Exception as e:   # e.g. an output no datatype fits: this request only
+                    self._add_error(replies, it, TriremeError(
+                        Code.INTERNAL, f"model '{self.model}' returned an output it cannot send: {e}"))
+                    failed += 1
         return failed
 
     def _reply(self, item: m.BatchItem, outputs: dict | None, error: TriremeError | None,
@@ -215,10 +219,7 @@ class Worker:
         if error is not None:
             self._add_error(replies, item, error, final)
         else:
-            empty, outputs = outputs is None, outputs or {}
-            names = item.outputs or list(outputs)
-            self._add_result(replies, item, [(n, outputs[n]) for n in names if n in outputs],
-                             final, empty)
+            self._add_result(replies, item, _chosen(item, outputs or {}), final, outputs is None)
         with self.lock:
             self._flush(replies)
 
@@ -230,12 +231,14 @@ class Worker:
 
     def _add_result(self, replies: dict, item: m.BatchItem, outputs: list[tuple[str, np.ndarray]],
                     final: bool = True, empty: bool = False) -> None:
+        # Every output is converted before any block is taken: a conversion error leaves
+        # nothing allocated and nothing half-added to ``replies``.
+        wire = [(name, list(arr.shape), *_to_wire(arr)) for name, arr in outputs]
         results, frames = replies.setdefault(item.reply_to, ([], []))
         refs: list[m.TensorRef] = []
-        for name, arr in outputs:
-            datatype, data = _to_wire(arr)
+        for name, shape, datatype, data in wire:
             nbytes = len(data)
-            ref = m.TensorRef(name, datatype, list(arr.shape), nbytes)
+            ref = m.TensorRef(name, datatype, shape, nbytes)
             if nbytes >= self.inline_threshold and self.shm_ok:
                 try:
                     with self.lock:
@@ -282,6 +285,11 @@ def _count(shape: list[int]) -> int:
     for d in shape:
         n *= d
     return n
+
+
+def _chosen(item: m.BatchItem, outputs: dict[str, np.ndarray]) -> list[tuple[str, np.ndarray]]:
+    """A Python model's outputs that the request asked for (all when it named none)."""
+    return [(n, outputs[n]) for n in (item.outputs or outputs) if n in outputs]
 
 
 def _union_outputs(items: list[m.BatchItem]) -> list[str]:
