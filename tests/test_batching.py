@@ -228,6 +228,9 @@ def test_full_queue_rejects_with_503(plain):
         c.close()
         running.result()
         [f.result() for f in queued]      # nothing else was lost
+    # A worker answers the client before it reports the batch to the scheduler.
+    wait_until(lambda: stats(plain, "full")["inference_stats"]["success"]["count"] == 3, 10,
+               "the statistics of the three executed requests")
     st = stats(plain, "full")
     assert st["inference_stats"]["fail"]["count"] == 1
     assert st["inference_stats"]["success"]["count"] == 3

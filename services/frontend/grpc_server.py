@@ -1,4 +1,5 @@
-"""gRPC adapter (grpc.aio): inference.GRPCInferenceService and grpc.health.v1.Health/Check.
+"""gRPC adapter: inference.GRPCInferenceService and grpc.health.v1.Health/Check, served by
+grpc_native (our HTTP/2 on the event loop, the default) or by grpc.aio (--grpc-impl aio).
 
 A thin layer: each RPC converts its message with `grpc_codec`, calls one method of the
 transport-agnostic data plane `dp`, and converts the answer back. TriremeError codes become
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from dataclasses import dataclass
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -28,7 +30,8 @@ from .settings import FrontendSettings
 
 log = logging.getLogger(__name__)
 
-__all__ = ["start_grpc", "GrpcService", "grpc_status", "MAX_GRPC_MESSAGE_SIZE"]
+__all__ = ["start_grpc", "GrpcService", "RpcMethod", "rpc_methods", "grpc_status",
+           "MAX_GRPC_MESSAGE_SIZE"]
 
 SERVICE_NAME = "inference.GRPCInferenceService"
 HEALTH_SERVICE_NAME = "grpc.health.v1.Health"
@@ -230,31 +233,40 @@ class GrpcService:
         return handler
 
 
-def _service_handlers(service: GrpcService) -> dict[str, grpc.RpcMethodHandler]:
-    """Method handlers for every RPC that protos/grpc_service.proto declares."""
-    handlers: dict[str, grpc.RpcMethodHandler] = {}
+@dataclass(frozen=True)
+class RpcMethod:
+    """One RPC as both gRPC servers (grpc.aio and grpc_native) serve it."""
+    streaming: bool
+    handler: Callable[..., Any]
+    deserialize: Callable[[Any], Any]
+    serialize: Callable[[Any], bytes]
+
+
+def rpc_methods(dp: Any) -> dict[str, RpcMethod]:
+    """'/package.Service/Method' -> RpcMethod, for every RPC in protos/grpc_service.proto and
+    grpc.health.v1.Health/Check."""
+    service = GrpcService(dp)
+    methods: dict[str, RpcMethod] = {}
     for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
         name = method.name
+        path = f"/{SERVICE_NAME}/{name}"
         if name == "ModelInfer":
-            handlers[name] = grpc.unary_unary_rpc_method_handler(
-                _guard(name, service.ModelInfer),
-                request_deserializer=codec.decode_infer_request,
-                response_serializer=_identity)
+            methods[path] = RpcMethod(False, _guard(name, service.ModelInfer),
+                                      codec.decode_infer_request, _identity)
         elif name == "ModelStreamInfer":
-            handlers[name] = grpc.stream_stream_rpc_method_handler(
-                service.ModelStreamInfer,
-                request_deserializer=codec.decode_infer_request,
-                response_serializer=_identity)
+            methods[path] = RpcMethod(True, service.ModelStreamInfer,
+                                      codec.decode_infer_request, _identity)
         else:
             impl = getattr(service, name, None) or service.unimplemented(name)
-            handlers[name] = grpc.unary_unary_rpc_method_handler(
-                _guard(name, impl),
-                request_deserializer=getattr(pb, method.input_type.name).FromString,
-                response_serializer=getattr(pb, method.output_type.name).SerializeToString)
-    return handlers
+            methods[path] = RpcMethod(False, _guard(name, impl),
+                                      getattr(pb, method.input_type.name).FromString,
+                                      getattr(pb, method.output_type.name).SerializeToString)
+    methods[f"/{HEALTH_SERVICE_NAME}/Check"] = RpcMethod(False, _health_check(dp), _identity,
+                                                         _identity)
+    return methods
 
 
-def _health_handlers(dp: Any) -> dict[str, grpc.RpcMethodHandler]:
+def _health_check(dp: Any) -> Handler:
     """grpc.health.v1.Health/Check: SERVING when the server is ready (as Triton)."""
     async def check(request: bytes, context) -> bytes:
         try:
@@ -262,7 +274,19 @@ def _health_handlers(dp: Any) -> dict[str, grpc.RpcMethodHandler]:
         except Exception:  # noqa: BLE001
             log.exception("health check failed")
             return _HEALTH_UNKNOWN
-    return {"Check": grpc.unary_unary_rpc_method_handler(check)}  # bytes in, bytes out
+    return check
+
+
+def _aio_handlers(methods: dict[str, RpcMethod]) -> dict[str, dict[str, grpc.RpcMethodHandler]]:
+    """service name -> method name -> grpc.aio handler."""
+    services: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
+    for path, m in methods.items():
+        service, name = path[1:].split("/")
+        make = (grpc.stream_stream_rpc_method_handler if m.streaming
+                else grpc.unary_unary_rpc_method_handler)
+        services.setdefault(service, {})[name] = make(
+            m.handler, request_deserializer=m.deserialize, response_serializer=m.serialize)
+    return services
 
 
 def _address(host: str, port: int) -> str:
@@ -271,24 +295,30 @@ def _address(host: str, port: int) -> str:
     return f"{host}:{port}"
 
 
-async def start_grpc(dp: Any, settings: FrontendSettings) -> grpc.aio.Server:
+async def start_grpc(dp: Any, settings: FrontendSettings) -> Any:
     """Start the gRPC server on {host}:{grpc_port} and return it (stop with `.stop(grace)`).
 
-    SO_REUSEPORT stays on so that several frontend processes share the port. The bound
-    port (useful with grpc_port=0) is available as `server.trireme_port`.
+    ``settings.grpc_impl`` picks the server: "native" (grpc_native, the default: HTTP/2 on
+    this event loop) or "aio" (grpc.aio). SO_REUSEPORT stays on so that several frontend
+    processes share the port. The bound port (useful with grpc_port=0) is available as
+    `server.trireme_port`.
     """
+    methods = rpc_methods(dp)
+    if settings.grpc_impl == "native":
+        from .grpc_native import NativeGrpcServer
+        native = NativeGrpcServer(methods)
+        await native.start(settings.host, settings.grpc_port)
+        log.info("Started GRPCInferenceService at %s",
+                 _address(settings.host, native.trireme_port))
+        return native
     server = grpc.aio.server(options=[
         ("grpc.so_reuseport", 1),
         ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
         ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
     ])
-    service_handlers = _service_handlers(GrpcService(dp))
-    health_handlers = _health_handlers(dp)
-    server.add_generic_rpc_handlers((
-        grpc.method_handlers_generic_handler(SERVICE_NAME, service_handlers),
-        grpc.method_handlers_generic_handler(HEALTH_SERVICE_NAME, health_handlers),
-    ))
-    server.add_registered_method_handlers(SERVICE_NAME, service_handlers)
+    for service, handlers in _aio_handlers(methods).items():
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+        server.add_registered_method_handlers(service, handlers)
     address = _address(settings.host, settings.grpc_port)
     try:
         port = server.add_insecure_port(address)

@@ -52,6 +52,9 @@ def add_frontend_args(p: argparse.ArgumentParser) -> None:
                    help='name reported by server metadata ("triton" for Triton test suites)')
     p.add_argument("--inline-threshold", type=int, default=DEFAULT_INLINE_THRESHOLD,
                    help="tensors smaller than this travel inline, larger ones in shared memory")
+    p.add_argument("--grpc-impl", choices=("native", "aio"), default="native",
+                   help="gRPC server: native (HTTP/2 on the frontend's event loop, the default) "
+                        "or aio (grpc.aio)")
     p.add_argument("--no-shm", action="store_true",
                    help="send every tensor inline (processes on different hosts)")
 
@@ -70,7 +73,7 @@ def settings_from_args(args: argparse.Namespace, scheduler_addr: str, result_add
         http_port=args.http_port, grpc_port=args.grpc_port, allow_http=args.allow_http,
         allow_grpc=args.allow_grpc, http_max_input_size=args.http_max_input_size,
         server_name=args.server_name, inline_threshold=args.inline_threshold,
-        use_shm=not args.no_shm)
+        use_shm=not args.no_shm, grpc_impl=args.grpc_impl)
 
 
 def main(argv: list[str] | None = None) -> int:

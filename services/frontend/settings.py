@@ -28,3 +28,5 @@ class FrontendSettings:
     """Tensors smaller than this travel as ZeroMQ frames instead of shared memory."""
     use_shm: bool = True
     """Place large tensors in shared memory (off when processes do not share a host)."""
+    grpc_impl: str = "native"
+    """gRPC server: "native" (HTTP/2 on the frontend's own loop) or "aio" (grpc.aio)."""

@@ -1,5 +1,5 @@
-"""gRPC adapter: the pure protobuf <-> internal conversions (grpc_codec), and the grpc.aio
-service over a fake data plane (no scheduler, no workers).
+"""gRPC adapter: the pure protobuf <-> internal conversions (grpc_codec), and the service
+over a fake data plane (no scheduler, no workers) with both servers (native and grpc.aio).
 
 Imports only our generated protos (never tritonclient's), so this module is safe in any
 pytest process.
@@ -488,11 +488,11 @@ class FakeDataPlane:
         self.released += 1
 
 
-def run_with_server(body):
+def run_with_server(body, impl: str = "native"):
     async def main():
         dp = FakeDataPlane()
         server = await start_grpc(dp, FrontendSettings(scheduler_addr="", host="127.0.0.1",
-                                                       grpc_port=0))
+                                                       grpc_port=0, grpc_impl=impl))
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{server.trireme_port}") as ch:
                 await asyncio.wait_for(body(ch, dp), 20)
@@ -513,7 +513,8 @@ def echo_request(model: str, rid: str, n: int = 2) -> pb.ModelInferRequest:
                                 raw_input_contents=[np.arange(1, n + 1, dtype="<i4").tobytes()])
 
 
-def test_service_unary_rpcs():
+@pytest.mark.parametrize("impl", ["native", "aio"])
+def test_service_unary_rpcs(impl):
     async def body(ch, dp):
         live = method(ch, "ServerLive", pb.ServerLiveRequest, pb.ServerLiveResponse)
         assert (await live(pb.ServerLiveRequest())).live
@@ -546,10 +547,11 @@ def test_service_unary_rpcs():
         health = ch.unary_unary("/grpc.health.v1.Health/Check")
         assert await health(b"") == b"\x08\x01"
         assert dp.released == 2
-    run_with_server(body)
+    run_with_server(body, impl)
 
 
-def test_stream_keeps_order_and_survives_errors():
+@pytest.mark.parametrize("impl", ["native", "aio"])
+def test_stream_keeps_order_and_survives_errors(impl):
     async def body(ch, dp):
         stream = ch.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer",
                                   request_serializer=pb.ModelInferRequest.SerializeToString,
@@ -569,10 +571,11 @@ def test_stream_keeps_order_and_survives_errors():
             1, 100_001, dtype="<i4").tobytes()
         assert await call.code() == grpc.StatusCode.OK
         assert dp.released == 3
-    run_with_server(body)
+    run_with_server(body, impl)
 
 
-def test_stream_client_cancel_releases_everything():
+@pytest.mark.parametrize("impl", ["native", "aio"])
+def test_stream_client_cancel_releases_everything(impl):
     async def body(ch, dp):
         stream = ch.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer",
                                   request_serializer=pb.ModelInferRequest.SerializeToString,
@@ -585,4 +588,4 @@ def test_stream_client_cancel_releases_everything():
         call.cancel()
         await dp.slow_cancelled.wait()   # the in-flight inference is cancelled with the RPC
         assert dp.released == 3          # finished responses were released, never leaked
-    run_with_server(body)
+    run_with_server(body, impl)

@@ -1,0 +1,335 @@
+"""gRPC over our own HTTP/2 connection (h2_connection), on the frontend's event loop.
+
+Serves the same method table as the grpc.aio adapter (grpc_server.rpc_methods): unary and
+bidirectional-streaming calls, length-prefixed messages, gzip/deflate request compression,
+status and message in trailers (percent-encoded, as the gRPC HTTP/2 spec says). Responses are
+never compressed, which every gRPC client accepts. Deadlines (grpc-timeout) are the client's
+to enforce: when one expires the client resets the stream and the call is cancelled here.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import zlib
+from collections.abc import Mapping
+from typing import Any
+
+from services.common.errors import Code, TriremeError
+
+from .h2_connection import H2Connection, encode_literal_headers
+
+log = logging.getLogger(__name__)
+
+__all__ = ["NativeGrpcServer", "RpcAbort"]
+
+OK, UNKNOWN, RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL = 0, 2, 8, 12, 13
+MAX_MESSAGE = 2**31 - 1      # INT32_MAX, as the grpc.aio server is configured
+
+RESPONSE_HEADERS = encode_literal_headers([
+    (b":status", b"200"), (b"content-type", b"application/grpc"),
+    (b"grpc-accept-encoding", b"identity,deflate,gzip")])
+OK_TRAILERS = encode_literal_headers([(b"grpc-status", b"0")])
+UNSUPPORTED_MEDIA = encode_literal_headers([(b":status", b"415")])
+
+
+class RpcAbort(Exception):
+    """Ends a call with a gRPC status (raised by ``_Context.abort``)."""
+
+    def __init__(self, code: int, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+class _Context:
+    """The part of grpc.aio.ServicerContext that the handlers use."""
+    __slots__ = ()
+
+    async def abort(self, code: Any, details: str = "") -> None:
+        raise RpcAbort(code.value[0] if hasattr(code, "value") else int(code), details)
+
+
+CONTEXT = _Context()
+
+
+def _percent_encode(text: str) -> bytes:
+    raw = text.encode("utf-8")
+    if all(0x20 <= b <= 0x7E and b != 0x25 for b in raw):
+        return raw
+    return b"".join(bytes((b,)) if 0x20 <= b <= 0x7E and b != 0x25 else b"%%%02X" % b
+                    for b in raw)
+
+
+def _status_block(code: int, details: str, headers_sent: bool) -> bytes:
+    trailers = [(b"grpc-status", str(code).encode())]
+    if details:
+        trailers.append((b"grpc-message", _percent_encode(details)))
+    block = encode_literal_headers(trailers)
+    return block if headers_sent else RESPONSE_HEADERS + block   # Trailers-Only
+
+
+def _message(body: Any) -> Any:
+    """One length-prefixed gRPC message (uncompressed)."""
+    n = len(body)
+    prefix = b"\x00" + n.to_bytes(4, "big")
+    return prefix + body if n < 65_536 else [prefix, body]
+
+
+class _Call:
+    """One RPC on one HTTP/2 stream: collects request messages, runs the handler, answers."""
+    __slots__ = ("conn", "sid", "method", "server", "encoding", "head", "body", "flag", "filled",
+                 "message", "queue", "task", "headers_sent", "failed")
+
+    def __init__(self, server: "NativeGrpcServer", conn: H2Connection, sid: int, method: Any,
+                 encoding: bytes) -> None:
+        self.server, self.conn, self.sid, self.method = server, conn, sid, method
+        self.encoding = encoding
+        self.head = bytearray()               # a message prefix split between pieces
+        self.body: bytearray | None = None    # a message being gathered
+        self.flag = self.filled = 0
+        self.message: Any = None              # a unary call's request
+        self.queue: asyncio.Queue | None = None
+        self.task: asyncio.Task | None = None
+        self.headers_sent = False
+        self.failed = False
+        if method.streaming:
+            self.queue = asyncio.Queue()
+            self._start(self._run(self._stream()))
+
+    # -- from the connection ------------------------------------------------------------------
+    def data(self, view: memoryview) -> None:
+        """Split the stream's bytes into messages: a message inside one piece is passed on as
+        a view (no copy); one spread over pieces is gathered into a buffer of its size."""
+        if self.failed:
+            return
+        pos, n = 0, len(view)
+        while pos < n:
+            if self.body is not None:          # filling a message that spans pieces
+                body, filled = self.body, self.filled
+                take = min(n - pos, len(body) - filled)
+                body[filled:filled + take] = view[pos:pos + take]
+                self.filled = filled + take
+                pos += take
+                if self.filled == len(body):
+                    self.body = None
+                    self._received(self.flag, body)
+                continue
+            if not self.head and n - pos >= 5:
+                flag, size = view[pos], int.from_bytes(view[pos + 1:pos + 5], "big")
+                pos += 5
+            else:                              # a prefix split between pieces
+                take = min(5 - len(self.head), n - pos)
+                self.head += view[pos:pos + take]
+                pos += take
+                if len(self.head) < 5:
+                    return
+                flag, size = self.head[0], int.from_bytes(self.head[1:5], "big")
+                self.head.clear()
+            if size > MAX_MESSAGE:
+                self._fail(RESOURCE_EXHAUSTED,
+                           f"Received message larger than max ({size} vs. {MAX_MESSAGE})")
+                return
+            if n - pos >= size:
+                self._received(flag, view[pos:pos + size])
+                pos += size
+            else:
+                self.flag, self.body, self.filled = flag, bytearray(size), 0
+            if self.failed:
+                return
+
+    def end(self) -> None:
+        if self.failed:
+            return
+        if self.body is not None or self.head:
+            self._fail(INTERNAL, "truncated gRPC message")
+        elif self.queue is not None:
+            self.queue.put_nowait(None)
+        elif self.task is None:
+            if self.message is None:
+                self._fail(INTERNAL, "missing request message")
+            else:
+                self._start(self._run(self._unary(self.message)))
+
+    def reset(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+        elif self.queue is not None:
+            self.queue.put_nowait(None)
+
+    # -- internals ------------------------------------------------------------------------------
+    def _received(self, flag: int, payload: Any) -> None:
+        if flag:
+            try:
+                payload = self._decompress(payload)
+            except RpcAbort as e:
+                self._fail(e.code, e.details)
+                return
+        if self.queue is not None:
+            self.queue.put_nowait(payload)
+        elif self.message is None:
+            self.message = payload
+        else:
+            self._fail(UNIMPLEMENTED, "more than one request message for a unary method")
+
+    def _decompress(self, payload: Any) -> bytes:
+        try:
+            if self.encoding == b"gzip":
+                return zlib.decompress(payload, 31)
+            if self.encoding == b"deflate":
+                return zlib.decompress(payload)
+        except zlib.error as e:
+            raise RpcAbort(INTERNAL, f"failed to decompress the request: {e}") from None
+        raise RpcAbort(INTERNAL, "compressed message without a grpc-encoding")
+
+    def _start(self, coro: Any) -> None:
+        self.task = asyncio.ensure_future(coro)
+        self.server.calls.add(self.task)
+        self.task.add_done_callback(self.server.calls.discard)
+
+    def _fail(self, code: int, details: str) -> None:
+        """End the call now, before or instead of its handler; later frames are ignored."""
+        self.failed = True
+        self.body = None
+        if self.task is not None:
+            self.task.cancel()
+        self.conn.send_trailers(self.sid, _status_block(code, details, self.headers_sent))
+
+    def _send(self, body: Any) -> None:
+        conn, sid = self.conn, self.sid
+        if not self.headers_sent:
+            self.headers_sent = True
+            conn.send_headers(sid, RESPONSE_HEADERS)
+        msg = _message(body)
+        if isinstance(msg, list):
+            conn.send_data(sid, msg[0])
+            conn.send_data(sid, msg[1])
+        else:
+            conn.send_data(sid, msg)
+
+    def _finish(self, code: int, details: str) -> None:
+        if code == OK:
+            self.conn.send_trailers(self.sid, OK_TRAILERS)
+        else:
+            self.conn.send_trailers(self.sid, _status_block(code, details, self.headers_sent))
+
+    async def _run(self, body: Any) -> None:
+        """Await a call's work; every way it ends becomes the call's status."""
+        try:
+            await body
+        except RpcAbort as e:
+            self._finish(e.code, e.details)
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            log.exception("unexpected error in gRPC handler")
+            self._finish(UNKNOWN, f"Unexpected {type(e)}: {e}")
+            return
+        self._finish(OK, "")
+
+    async def _unary(self, payload: Any) -> None:
+        method = self.method
+        try:
+            request = method.deserialize(payload)
+        except Exception:  # noqa: BLE001 - grpc's own answer to an undecodable request
+            raise RpcAbort(INTERNAL, "Exception deserializing request!") from None
+        response = await method.handler(request, CONTEXT)
+        self._send(method.serialize(response))
+
+    async def _requests(self) -> Any:
+        queue, deserialize = self.queue, self.method.deserialize
+        while (payload := await queue.get()) is not None:   # type: ignore[union-attr]
+            try:
+                request = deserialize(payload)
+            except Exception:  # noqa: BLE001
+                raise RpcAbort(INTERNAL, "Exception deserializing request!") from None
+            yield request
+
+    async def _stream(self) -> None:
+        async for response in self.method.handler(self._requests(), CONTEXT):
+            self._send(self.method.serialize(response))
+
+
+class _Refused:
+    """A stream answered at once (unknown method, wrong content type): ignore its body."""
+    __slots__ = ()
+
+    def data(self, view: memoryview) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+
+_REFUSED = _Refused()
+
+
+class NativeGrpcServer:
+    """Listens on host:port (SO_REUSEPORT, so several frontends share it) and dispatches each
+    stream to the method named by its :path in ``methods``."""
+
+    def __init__(self, methods: Mapping[str, Any]) -> None:
+        self._methods = {path.encode(): m for path, m in methods.items()}
+        self._connections: set[H2Connection] = set()
+        self.calls: set[asyncio.Task] = set()
+        self._server: asyncio.base_events.Server | None = None
+        self.trireme_port = 0
+
+    async def start(self, host: str, port: int) -> None:
+        loop = asyncio.get_running_loop()
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        try:
+            self._server = await loop.create_server(self._connection, host or None, port,
+                                                    reuse_port=True, backlog=1024)
+        except OSError as e:
+            raise TriremeError(Code.UNAVAILABLE, f"Socket '{address}' already in use ({e})") from e
+        self.trireme_port = self._server.sockets[0].getsockname()[1]
+
+    def _connection(self) -> H2Connection:
+        conn = H2Connection(self._open_stream, self._connections.discard)
+        self._connections.add(conn)
+        return conn
+
+    def _open_stream(self, conn: H2Connection, sid: int, headers: list) -> Any:
+        path = content_type = b""
+        encoding = b"identity"
+        for name, value in headers:
+            if name == b":path":
+                path = value
+            elif name == b"content-type":
+                content_type = value
+            elif name == b"grpc-encoding":
+                encoding = value
+        if not content_type.startswith(b"application/grpc"):
+            conn.send_headers(sid, UNSUPPORTED_MEDIA, end_stream=True)
+            return _REFUSED
+        method = self._methods.get(path)
+        if method is None:
+            conn.send_headers(sid, _status_block(UNIMPLEMENTED, "Method not found!", False), True)
+            return _REFUSED
+        if encoding not in (b"identity", b"gzip", b"deflate"):
+            conn.send_headers(sid, _status_block(
+                UNIMPLEMENTED, f"Compression algorithm '{encoding.decode(errors='replace')}' "
+                "is not supported", False), True)
+            return _REFUSED
+        return _Call(self, conn, sid, method, encoding)
+
+    async def stop(self, grace: float | None) -> None:
+        """Stop accepting, let open calls finish for ``grace`` seconds, then cut the rest."""
+        if self._server is not None:
+            self._server.close()
+        conns = list(self._connections)
+        for conn in conns:
+            conn.goaway()
+        if grace and conns:
+            await asyncio.wait([asyncio.ensure_future(c.idle.wait()) for c in conns],
+                               timeout=grace)
+        for conn in conns:
+            conn.close()
+        for task in list(self.calls):
+            task.cancel()
+        if self.calls:
+            await asyncio.wait(list(self.calls), timeout=1.0)
