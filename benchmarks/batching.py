@@ -379,6 +379,7 @@ def measure_ort(mfile: Path, bs: int, quick: bool) -> dict:
 
 
 def main() -> int:
+    global THREADS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="3 s load runs, 1 s warm-ups")
     ap.add_argument("--duration", type=int, default=None, help="seconds per load run (8)")
@@ -386,6 +387,8 @@ def main() -> int:
     ap.add_argument("--queue-delay-us", type=int, default=0,
                     help="max_queue_delay_microseconds of the batching configurations (0)")
     ap.add_argument("--frontends", type=int, default=1, help="trireme serve --frontends")
+    ap.add_argument("--threads", type=int, default=None,
+                    help=f"intra_op_thread_count of every MLP copy ({THREADS})")
     ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "batching.png",
                     help="PNG to write (default docs/batching.png)")
     ap.add_argument("--no-plot", action="store_true", help="write no PNG")
@@ -396,6 +399,8 @@ def main() -> int:
                          "0 with --quick)")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs)")
     args = ap.parse_args()
+    if args.threads:
+        THREADS = args.threads
 
     duration = args.duration or (3 if args.quick else 8)
     warmup = 1.0 if args.quick else 2.0

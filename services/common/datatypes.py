@@ -3,13 +3,16 @@
 API datatype strings ("FP32", "BYTES") are what clients send; config names ("TYPE_FP32",
 "TYPE_STRING") are what config.pbtxt holds. Raw tensor bytes are little-endian, row-major,
 unpadded; BOOL is one byte; BYTES elements are a 4-byte little-endian length + the bytes.
-Decoding always goes through numpy.frombuffer, never element by element, except BYTES.
+Decoding always goes through numpy.frombuffer or a memoryview, never element by element,
+except BYTES.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
+import sys
 from collections.abc import Iterable, Sequence
 from itertools import chain
 from typing import Any
@@ -56,6 +59,7 @@ _ACCEPTED_KINDS.update({"BOOL": "b", "FP16": "iuf", "FP32": "iuf", "FP64": "iuf"
 
 _U32 = struct.Struct("<I")
 _SCALARS = (str, bytes, bytearray, int, float, bool, type(None))
+_LITTLE = sys.byteorder == "little"  # memoryview native formats are then the wire order
 
 
 def numpy_dtype(datatype: str) -> np.dtype:
@@ -216,8 +220,9 @@ def _flat(data: Any) -> list[Any]:
 
 
 def _element_count(name: str, shape: Sequence[int]) -> int:
-    if any(not isinstance(d, int) or d < 0 for d in shape):
-        raise invalid_arg(f"input '{name}' has invalid shape {list(shape)}")
+    for d in shape:
+        if not isinstance(d, int) or d < 0:
+            raise invalid_arg(f"input '{name}' has invalid shape {list(shape)}")
     return math.prod(shape)
 
 
@@ -274,6 +279,45 @@ def json_to_buffer(name: str, datatype: str, shape: Sequence[int], data: Any) ->
         return arr.astype(dtype, copy=False).tobytes()
 
 
+# struct codes of the datatypes numbers_to_buffer packs directly ("<": little-endian, no
+# padding). The range checks of struct are the datatypes' own: a value out of range fails.
+_PACK_CODES: dict[str, str] = {
+    "INT8": "b", "INT16": "h", "INT32": "i", "INT64": "q",
+    "UINT8": "B", "UINT16": "H", "UINT32": "I", "UINT64": "Q", "FP32": "f", "FP64": "d",
+}
+# High byte (sign + top exponent bits) of each element: all of them in this set means every
+# |value| < 2**53 (FP32: exponent <= 179) or < 2**49 (FP64: exponent <= 1071). Below 2**53
+# every int is exact in a double, so packing it as a float gives what json_to_buffer's
+# int64 -> float cast gives; larger ones (and ints numpy would refuse) take json_to_buffer.
+_SMALL_HIGH_BYTES = {
+    "f": (4, bytes(b for b in range(256) if b & 0x7F <= 0x59)),
+    "d": (8, bytes(b for b in range(256) if b & 0x7F <= 0x42)),
+}
+
+
+@functools.lru_cache(maxsize=256)
+def _packer(code: str, count: int) -> Any:
+    return struct.Struct(f"<{count}{code}").pack
+
+
+def numbers_to_buffer(name: str, datatype: str, shape: Sequence[int],
+                      values: list[int | float]) -> bytes:
+    """json_to_buffer for a flat list of Python ints and floats only (no bool, no nesting,
+    as a typed JSON decoder yields it): the same bytes and errors, in one struct.pack for
+    the integer types, FP32 and FP64 where no int could round differently. Anything else
+    goes through json_to_buffer."""
+    code = _PACK_CODES.get(datatype)
+    if code is not None and len(values) == _element_count(name, shape):
+        try:
+            out = _packer(code, len(values))(*values)
+        except (struct.error, OverflowError):  # out of range, a float for an int type
+            return json_to_buffer(name, datatype, shape, values)
+        check = _SMALL_HIGH_BYTES.get(code)
+        if check is None or not out[check[0] - 1::check[0]].translate(None, check[1]):
+            return out
+    return json_to_buffer(name, datatype, shape, values)
+
+
 def _check_range(name: str, datatype: str, dtype: np.dtype, lo: int, hi: int) -> None:
     info = np.iinfo(dtype)
     if lo < info.min or hi > info.max:
@@ -292,8 +336,20 @@ def _dense_view(datatype: str, shape: Sequence[int], buf: Any) -> np.ndarray:
     return np.frombuffer(buf, dtype=dtype)
 
 
+# memoryview formats whose tolist() gives what numpy's does (BOOL, FP16, BF16: numpy).
+_VIEW_CODES: dict[str, tuple[str, int]] = {
+    dt: (c, _NUMPY[dt].itemsize) for dt, c in _PACK_CODES.items()} if _LITTLE else {}
+
+
 def buffer_to_json(datatype: str, shape: Sequence[int], buf: Any) -> list[Any]:
     """Raw bytes -> flat list of JSON-ready Python values (BYTES as UTF-8 text)."""
+    fmt = _VIEW_CODES.get(datatype)
+    if fmt is not None:  # memoryview.tolist: no numpy array around the buffer
+        view = memoryview(buf)
+        if view.c_contiguous and view.nbytes == math.prod(shape) * fmt[1]:
+            if view.format != "B" or view.ndim != 1:
+                view = view.cast("B")
+            return view.cast(fmt[0]).tolist()
     if datatype == "BYTES":
         items = _split(buf)
         if len(items) != math.prod(shape):

@@ -5,25 +5,28 @@ internal types, calls the one data plane object (`dp`) and converts the answer b
 model logic here. Routing follows Triton's src/http_server.cc (HTTPAPIServer::Handle and
 its regexes); the error -> HTTP status mapping is the one table below.
 
-One catch-all aiohttp route and our own dispatch: the exact paths are a dict lookup, model
-paths one precompiled regex, and unknown paths / wrong methods answer Triton's JSON bodies
-{"error": "Not Found"} (404) and {"error": "Method Not Allowed"} (405).
+Our own dispatch behind aiohttp's low-level server (no aiohttp router or Application
+object per request): the exact paths are a dict lookup, model paths one precompiled regex,
+and unknown paths / wrong methods answer Triton's JSON bodies {"error": "Not Found"} (404)
+and {"error": "Method Not Allowed"} (405). `make_app` wraps the same dispatch in a
+web.Application (one catch-all route) for callers that want one.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from typing import Any
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
 from ..common.errors import Code, TriremeError, invalid_arg
 from . import http_codec as codec
 from . import stats_codec
 from .settings import FrontendSettings
 
-__all__ = ["make_app", "start_http", "http_status"]
+__all__ = ["make_app", "make_server", "make_runner", "start_http", "http_status"]
 
 log = logging.getLogger(__name__)
 
@@ -80,25 +83,27 @@ class _BrokenBody(Exception):
     connection closes since the rest of the body cannot be skipped."""
 
 
-async def _read_body(request: web.Request, limit: int, kind: str) -> bytes:
+async def _read_body(request: web.BaseRequest, limit: int, kind: str,
+                     encoded: bool) -> bytes:
     """The whole (already decompressed) body, refused past `limit` bytes.
 
     aiohttp decompresses gzip/deflate bodies while streaming them, so the limit applies to
     the decompressed size, as in Triton. aiohttp's own check (client_max_size) would answer
     413 with a text body; Triton answers 400 with a JSON error, so we count here and raise
     INVALID_ARG (-> 400) with Triton's wording. A Content-Length over the limit is refused
-    before anything is read. One chunk -> returned as is; several -> one join."""
+    before anything is read. One chunk -> returned as is; several -> one join. `encoded`:
+    the request has a Content-Encoding."""
     declared = request.content_length
-    encoded = bool(request.headers.get("Content-Encoding"))
     if declared is not None and not encoded:
         if declared > limit:
             raise invalid_arg(codec.size_limit_message(kind, declared, limit))
         if declared == 0:
             return b""
     content = request.content
-    set_chunk = getattr(content, "set_read_chunk_size", None)
-    if set_chunk is not None and (declared is None or declared > 65536):
-        set_chunk(min(limit, declared or limit))  # fewer pause/resume cycles on big bodies
+    if declared is None or declared > 65536:
+        set_chunk = getattr(content, "set_read_chunk_size", None)
+        if set_chunk is not None:
+            set_chunk(min(limit, declared or limit))  # fewer pause/resume cycles, big bodies
     try:
         return await _read_chunks(content, declared, encoded, limit, kind)
     except web.RequestPayloadError as e:
@@ -147,9 +152,20 @@ class _Handlers:
             "infer": self.infer,
         }
 
-    async def dispatch(self, request: web.Request) -> web.StreamResponse:
+    async def serve(self, request: web.BaseRequest) -> web.StreamResponse:
+        """The low-level server's handler: first what web.Application does for a route
+        (answer an Expect header), then our dispatch."""
+        if request.headers.get("Expect"):
+            await _expect(request)
+        return await self.dispatch(request)
+
+    async def dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
         path = request.path
         try:
+            if path.endswith("/infer") and path.startswith("/v2/models/"):
+                model = path[11:-6]
+                if model and "/" not in model:  # _MODEL_RE's unversioned infer, no regex
+                    return await self.infer(request, model, "")
             handler = self._exact.get(path)
             if handler is not None:
                 return await handler(request)
@@ -176,28 +192,28 @@ class _Handlers:
             return _error_response(500, f"internal error: {type(e).__name__}: {e}")
 
     # ---- health and metadata ------------------------------------------------------------
-    async def health_live(self, request: web.Request) -> web.Response:
+    async def health_live(self, request: web.BaseRequest) -> web.Response:
         if request.method != "GET":
             return _not_allowed()
         return web.Response(status=200 if self.dp.live() else 400)
 
-    async def health_ready(self, request: web.Request) -> web.Response:
+    async def health_ready(self, request: web.BaseRequest) -> web.Response:
         if request.method != "GET":
             return _not_allowed()
         return web.Response(status=200 if self.dp.ready() else 400)
 
-    async def server_metadata(self, request: web.Request) -> web.Response:
+    async def server_metadata(self, request: web.BaseRequest) -> web.Response:
         if request.method != "GET":
             return _not_allowed()
         return _json_response(codec.encode_json(self.dp.server_metadata()))
 
-    async def model_metadata(self, request: web.Request, model: str,
+    async def model_metadata(self, request: web.BaseRequest, model: str,
                              version: str) -> web.Response:
         if request.method != "GET":
             return _not_allowed()
         return _json_response(codec.encode_json(await self.dp.model_metadata(model, version)))
 
-    async def model_ready(self, request: web.Request, model: str,
+    async def model_ready(self, request: web.BaseRequest, model: str,
                           version: str) -> web.Response:
         if request.method != "GET":
             return _not_allowed()
@@ -205,17 +221,17 @@ class _Handlers:
             return web.Response(status=200)
         return _error_response(400, "Model version not ready")  # Triton's HandleModelReady
 
-    async def model_config(self, request: web.Request, model: str,
+    async def model_config(self, request: web.BaseRequest, model: str,
                            version: str) -> web.Response:
         if request.method != "GET":
             return _not_allowed()
         return _json_response(codec.encode_json(await self.dp.model_config(model, version)))
 
     # ---- statistics -------------------------------------------------------------------
-    async def all_model_stats(self, request: web.Request) -> web.Response:
+    async def all_model_stats(self, request: web.BaseRequest) -> web.Response:
         return await self.model_stats(request, "", "")
 
-    async def model_stats(self, request: web.Request, model: str,
+    async def model_stats(self, request: web.BaseRequest, model: str,
                           version: str) -> web.Response:
         if request.method != "GET":
             return _not_allowed()
@@ -223,11 +239,12 @@ class _Handlers:
         return _json_response(codec.encode_json(stats_codec.stats_to_json(stats)))
 
     # ---- model repository ---------------------------------------------------------------
-    async def repository(self, request: web.Request, repo: str | None, model: str | None,
+    async def repository(self, request: web.BaseRequest, repo: str | None, model: str | None,
                          action: str | None) -> web.Response:
         if request.method != "POST":
             return _not_allowed()
-        body = await _read_body(request, self.limit, "Request JSON")
+        body = await _read_body(request, self.limit, "Request JSON",
+                                bool(request.headers.get("Content-Encoding")))
         if model is None:  # index; Triton ignores a repository name here
             ready_only = codec.decode_index_request(body)
             return _json_response(codec.encode_json(await self.dp.repository_index(ready_only)))
@@ -241,7 +258,7 @@ class _Handlers:
         return web.Response(status=200, headers={"Content-Type": _JSON})
 
     # ---- inference ----------------------------------------------------------------------
-    async def infer(self, request: web.Request, model: str, version: str) -> web.Response:
+    async def infer(self, request: web.BaseRequest, model: str, version: str) -> web.Response:
         if request.method != "POST":
             return _not_allowed()
         headers = request.headers
@@ -255,7 +272,7 @@ class _Handlers:
         raw = header_text is not None and header_text.strip() == "0"
         kind = ("Raw request" if raw else "Request JSON" if header_text is None
                 else "Request")
-        body = await _read_body(request, self.limit, kind)
+        body = await _read_body(request, self.limit, kind, bool(encoding))
         header_length = codec.parse_header_length(header_text, len(body))
         if header_length == 0:  # raw binary: the body is the model's one input
             config = await self.dp.model_config(model, version)
@@ -269,9 +286,10 @@ class _Handlers:
             payload, json_length = codec.encode_infer_response(resp, req, binary_default)
         finally:
             self.dp.release(resp)  # the body is built: outputs are no longer referenced
-        out = {"Content-Type": _JSON if json_length is None else _BINARY}
-        if json_length is not None:
-            out[_HEADER_LENGTH] = str(json_length)
+        if json_length is None:
+            out = {"Content-Type": _JSON}
+        else:
+            out = {"Content-Type": _BINARY, _HEADER_LENGTH: str(json_length)}
         accept = headers.get("Accept-Encoding")
         if accept:
             chosen = codec.response_encoding(accept)
@@ -281,18 +299,47 @@ class _Handlers:
         return web.Response(body=payload, status=200, headers=out)
 
 
+async def _expect(request: web.BaseRequest) -> None:
+    """aiohttp's default expect handler, as web.Application runs it before a route's
+    handler: "100-continue" answers 100 Continue on HTTP/1.1, anything else 417."""
+    expect = request.headers.get("Expect", "")
+    if request.version == HttpVersion11:
+        if expect.lower() == "100-continue":
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.writer.output_size = 0  # the response itself is still to come
+        else:
+            raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
+    await request.writer.drain()
+
+
 def make_app(dp: Any, settings: FrontendSettings) -> web.Application:
-    """The aiohttp application serving Triton's HTTP API over `dp`."""
+    """The aiohttp application serving Triton's HTTP API over `dp` (start_http serves the
+    same handlers through make_server, without the Application's per-request routing)."""
     handlers = _Handlers(dp, settings)
     app = web.Application(client_max_size=settings.http_max_input_size)
     app.router.add_route("*", "/{tail:.*}", handlers.dispatch)
     return app
 
 
-async def start_http(dp: Any, settings: FrontendSettings) -> web.AppRunner:
+def make_server(dp: Any, settings: FrontendSettings) -> web.Server:
+    """aiohttp's low-level server over `dp` (call it on the running loop): every request
+    goes straight to our dispatch, skipping web.Application's router, match info and
+    Request object. No access log (it costs per request); debug as web.Application
+    derives it (the loop's), so aiohttp's own error pages stay the same."""
+    handlers = _Handlers(dp, settings)
+    return web.Server(handlers.serve, access_log=None,
+                      debug=asyncio.get_running_loop().get_debug())
+
+
+def make_runner(dp: Any, settings: FrontendSettings) -> web.BaseRunner:
+    """The runner start_http serves (set up and add sites to use it)."""
+    return web.ServerRunner(make_server(dp, settings), handle_signals=False)
+
+
+async def start_http(dp: Any, settings: FrontendSettings) -> web.BaseRunner:
     """Serve on settings.host:settings.http_port. SO_REUSEPORT lets several frontend
-    processes share the port; the access log is off (it costs per request)."""
-    runner = web.AppRunner(make_app(dp, settings), access_log=None, handle_signals=False)
+    processes share the port."""
+    runner = make_runner(dp, settings)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.http_port, reuse_port=True,
                        backlog=1024)

@@ -20,7 +20,6 @@ per element (unavoidable: element offsets are sequential), stopping early like T
 
 from __future__ import annotations
 
-import math
 import re
 import struct
 
@@ -34,6 +33,7 @@ __all__ = ["resolve_version", "validate_infer", "unknown_model_error"]
 _READY = "READY"
 _WILDCARD = -1
 _KNOWN_DATATYPES = frozenset(DATATYPES)
+_ELEMENT_SIZE = {dt: element_size(dt) for dt in DATATYPES}   # BYTES: None
 _U32 = struct.Struct("<I").unpack_from
 # What std::stol accepts: leading whitespace, an optional sign, digits (rest ignored).
 _STOL = re.compile(r"[ \t\n\v\f\r]*([+-]?[0-9]+)")
@@ -100,83 +100,122 @@ def resolve_version(info: ModelInfo, version: str) -> int:
 def validate_infer(info: ModelInfo, req: CoreRequest) -> int:
     """Check ``req`` against ``info``; return its batch size (1 for a non-batching model)."""
     model = info.name
-    rid = f"[request id: {req.id or '<id_unknown>'}] "
     inputs = req.inputs
-    specs = {s.name: s for s in info.inputs}
+    specs = {}
+    n_required = 0
+    for s in info.inputs:
+        specs[s.name] = s
+        if not s.optional:
+            n_required += 1
 
     # 1. Duplicates, caught by Triton while the request is being built (inputs, then outputs).
-    seen: set[str] = set()
-    for t in inputs:
-        if t.name in seen:
-            raise _invalid(f"{rid}input '{t.name}' already exists in request")
-        seen.add(t.name)
+    seen = {t.name for t in inputs}
+    if len(seen) != len(inputs):
+        _raise_duplicate(req, inputs, "input")
     if req.outputs:
-        out_names: set[str] = set()
-        for o in req.outputs:
-            if o.name in out_names:
-                raise _invalid(f"{rid}output '{o.name}' already exists in request")
-            out_names.add(o.name)
+        out_names = {o.name for o in req.outputs}
+        if len(out_names) != len(req.outputs):
+            _raise_duplicate(req, req.outputs, "output")
         # 2. Requested outputs (Triton walks a std::set: sorted order).
         known_outputs = {s.name for s in info.outputs}
-        for name in sorted(out_names):
-            if name not in known_outputs:
-                raise _invalid(f"unexpected inference output '{name}' for model '{model}'")
+        if not out_names <= known_outputs:
+            for name in sorted(out_names):
+                if name not in known_outputs:
+                    raise _invalid(f"unexpected inference output '{name}' for model '{model}'")
 
     # 3. Input count (ValidateRequestInputs).
     n, n_cfg = len(inputs), len(info.inputs)
-    n_required = sum(1 for s in info.inputs if not s.optional)
     if n > n_cfg or n < n_required:
-        raise _count_error(rid, info, seen, inputs, n_required)
+        raise _count_error(_rid(req), info, seen, inputs, n_required)
 
     # 4. Batch dimension; unknown inputs surface here, in request order, as in Triton.
     mbs = info.max_batch_size
     batch = 0
+    given_required = 0
     for t in inputs:
-        if t.name not in specs:
+        spec = specs.get(t.name)
+        if spec is None:
             raise _invalid(f"unexpected inference input '{t.name}' for model '{model}'")
+        if not spec.optional:
+            given_required += 1
         if mbs > 0:
             if not t.shape:
-                raise _invalid(f"{rid}input '{t.name}' has no shape but model requires batch "
-                               f"dimension for '{model}'")
+                raise _invalid(f"{_rid(req)}input '{t.name}' has no shape but model requires "
+                               f"batch dimension for '{model}'")
             d0 = t.shape[0]
             if batch == 0:
                 batch = d0 & 0xFFFFFFFF          # Triton keeps it in a uint32
             elif d0 != batch:
-                raise _invalid(f"{rid}input '{t.name}' batch size does not match other "
+                raise _invalid(f"{_rid(req)}input '{t.name}' batch size does not match other "
                                f"inputs for '{model}'")
     # Triton only counts inputs; a required input replaced by an optional one would reach
-    # the backend. Reject it here with the same message.
-    if n_required and any(not s.optional and s.name not in seen for s in info.inputs):
-        raise _count_error(rid, info, seen, inputs, n_required)
+    # the backend. Reject it here with the same message. (As many required inputs given as
+    # required: none can be missing, so the walk over the config is skipped.)
+    if given_required < n_required and any(not s.optional and s.name not in seen
+                                           for s in info.inputs):
+        raise _count_error(_rid(req), info, seen, inputs, n_required)
     if batch > mbs:
-        raise _invalid(f"{rid}inference request batch-size must be <= {mbs} for '{model}'")
+        raise _invalid(f"{_rid(req)}inference request batch-size must be <= {mbs} for "
+                       f"'{model}'")
 
     # 5. Per input: datatype, shape, then byte size.
+    first = 1 if mbs > 0 else 0
     for t in inputs:
         spec = specs[t.name]
         if t.datatype != spec.datatype:
             got = t.datatype if t.datatype in _KNOWN_DATATYPES else "<invalid>"
-            raise _invalid(f"{rid}inference input '{t.name}' data-type is '{got}', but model "
-                           f"'{model}' expects '{spec.datatype}'")
-        dims = t.shape[1:] if mbs > 0 else t.shape
-        cfg = spec.shape[1:] if mbs > 0 else spec.shape
-        if len(dims) != len(cfg) or not _dims_match(rid, model, t, dims, cfg):
-            raise _invalid(f"{rid}unexpected shape for input '{t.name}' for model '{model}'. "
-                           f"Expected {_dims(spec.shape)}, got {_dims(t.shape)}. "
+            raise _invalid(f"{_rid(req)}inference input '{t.name}' data-type is '{got}', but "
+                           f"model '{model}' expects '{spec.datatype}'")
+        shape, cfg = t.shape, spec.shape
+        # Triton's order: a wildcard in the request fails at once, a mismatch ends the
+        # walk (shape error), and any other negative dim fails after the walk.
+        count, negative, matched = 1, False, False
+        if len(shape) - first == max(len(cfg) - first, 0):
+            for i in range(first, len(shape)):
+                d, c = shape[i], cfg[i]
+                if d == _WILDCARD:
+                    raise _all_dims_error(_rid(req), model, t)
+                if c != _WILDCARD and c != d:
+                    break
+                if d < 0:
+                    negative = True
+                count *= d
+            else:
+                matched = True
+        if not matched:
+            raise _invalid(f"{_rid(req)}unexpected shape for input '{t.name}' for model "
+                           f"'{model}'. Expected {_dims(spec.shape)}, got {_dims(shape)}. "
                            f"{_BATCH_NOTE if mbs > 0 else ''}")
-        if any(d < 0 for d in dims):             # -2 etc. under a wildcard config dim
-            raise _all_dims_error(rid, model, t)
-        count = math.prod(dims) * (batch or 1) if mbs > 0 else math.prod(dims)
-        size = element_size(spec.datatype)
+        if negative:                             # -2 etc. under a wildcard config dim
+            raise _all_dims_error(_rid(req), model, t)
+        if mbs > 0:
+            count *= batch or 1
+        try:
+            size = _ELEMENT_SIZE[spec.datatype]
+        except KeyError:
+            size = element_size(spec.datatype)   # raises Triton's unsupported-datatype error
         if size is None:
-            _check_bytes(rid, model, t, count)
+            _check_bytes(_rid(req), model, t, count)
         else:
-            _check_byte_size(rid, model, t, count * size)
+            _check_byte_size(req, model, t, count * size)
 
     if mbs > 0 and batch == 0:
         # Triton would run a zero-row batch as if the model did not batch; we cannot.
-        raise _invalid(f"{rid}inference request batch-size must be >= 1 for '{model}'")
+        raise _invalid(f"{_rid(req)}inference request batch-size must be >= 1 for '{model}'")
     return batch if mbs > 0 else 1
+
+
+def _rid(req: CoreRequest) -> str:
+    """LogRequest()'s prefix of Triton's request errors (built only for an error)."""
+    return f"[request id: {req.id or '<id_unknown>'}] "
+
+
+def _raise_duplicate(req: CoreRequest, items, kind: str) -> None:
+    seen: set[str] = set()
+    for x in items:
+        if x.name in seen:
+            raise _invalid(f"{_rid(req)}{kind} '{x.name}' already exists in request")
+        seen.add(x.name)
 
 
 def _count_error(rid, info, given, inputs, n_required) -> TriremeError:
@@ -197,16 +236,7 @@ def _all_dims_error(rid, model, t) -> TriremeError:
                     f"model '{model}', got {_dims(t.shape)}")
 
 
-def _dims_match(rid, model, t, dims, cfg) -> bool:
-    for d, c in zip(dims, cfg):
-        if d == _WILDCARD:
-            raise _all_dims_error(rid, model, t)
-        if c != _WILDCARD and c != d:
-            return False
-    return True
-
-
-def _check_byte_size(rid, model, t, expected: int) -> None:
+def _check_byte_size(req, model, t, expected: int) -> None:
     data = t.data
     if data is None:
         got = t.parameters.get("shared_memory_byte_size")
@@ -217,7 +247,7 @@ def _check_byte_size(rid, model, t, expected: int) -> None:
     else:
         got = data.nbytes if isinstance(data, memoryview) else len(data)
     if got != expected:
-        raise _invalid(f"{rid}input byte size mismatch for input '{t.name}' for model "
+        raise _invalid(f"{_rid(req)}input byte size mismatch for input '{t.name}' for model "
                        f"'{model}'. Expected {expected}, got {got}")
 
 
