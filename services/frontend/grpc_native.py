@@ -127,7 +127,8 @@ class _Call:
                 self.head.clear()
             if size > MAX_MESSAGE:
                 self._fail(RESOURCE_EXHAUSTED,
-                           f"Received message larger than max ({size} vs. {MAX_MESSAGE})")
+                           f"Received message larger than max ({size} vs. {MAX_MESSAGE})",
+                           stop_sending=True)
                 return
             if n - pos >= size:
                 self._received(flag, view[pos:pos + size])
@@ -162,14 +163,15 @@ class _Call:
             try:
                 payload = self._decompress(payload)
             except RpcAbort as e:
-                self._fail(e.code, e.details)
+                self._fail(e.code, e.details, stop_sending=True)
                 return
         if self.queue is not None:
             self.queue.put_nowait(payload)
         elif self.message is None:
             self.message = payload
         else:
-            self._fail(UNIMPLEMENTED, "more than one request message for a unary method")
+            self._fail(UNIMPLEMENTED, "more than one request message for a unary method",
+                       stop_sending=True)
 
     def _decompress(self, payload: Any) -> bytes:
         try:
@@ -186,13 +188,16 @@ class _Call:
         self.server.calls.add(self.task)
         self.task.add_done_callback(self.server.calls.discard)
 
-    def _fail(self, code: int, details: str) -> None:
-        """End the call now, before or instead of its handler; later frames are ignored."""
+    def _fail(self, code: int, details: str, stop_sending: bool = False) -> None:
+        """End the call now, before or instead of its handler; later frames are ignored.
+        ``stop_sending``: the client is still sending, ask it to stop (RST_STREAM NO_ERROR)."""
         self.failed = True
         self.body = None
         if self.task is not None:
             self.task.cancel()
         self.conn.send_trailers(self.sid, _status_block(code, details, self.headers_sent))
+        if stop_sending:
+            self.conn.reset_stream(self.sid, 0)
 
     def _send(self, body: Any) -> None:
         conn, sid = self.conn, self.sid
@@ -325,8 +330,10 @@ class NativeGrpcServer:
         for conn in conns:
             conn.goaway()
         if grace and conns:
-            await asyncio.wait([asyncio.ensure_future(c.idle.wait()) for c in conns],
-                               timeout=grace)
+            waits = [asyncio.ensure_future(c.idle.wait()) for c in conns]
+            await asyncio.wait(waits, timeout=grace)
+            for w in waits:
+                w.cancel()
         for conn in conns:
             conn.close()
         for task in list(self.calls):

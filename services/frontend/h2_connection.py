@@ -297,9 +297,9 @@ class H2Connection(asyncio.Protocol):
             if flags & END_STREAM:
                 st.app.end()
             return
-        if sid % 2 == 0 or sid <= self._last_stream:
-            if sid <= self._last_stream:
-                return                        # a late frame for a stream we already closed
+        if sid <= self._last_stream:
+            return                            # a late frame for a stream we already closed
+        if sid % 2 == 0:
             raise _ConnectionError(PROTOCOL_ERROR, f"bad stream id {sid}")
         self._last_stream = sid
         if self._goaway_sent:
@@ -407,10 +407,12 @@ class H2Connection(asyncio.Protocol):
         self.send_headers(sid, block, end_stream=True)
 
     def reset_stream(self, sid: int, code: int = CANCEL) -> None:
+        """RST_STREAM after whatever was already sent on it (NO_ERROR after a complete
+        response asks the client to stop sending its request)."""
         st = self._streams.pop(sid, None)
         self._blocked.discard(sid)
+        self._emit_reset(sid, code)
         if st is not None:
-            self._emit_reset(sid, code)
             self._maybe_close()
 
     def _drain(self, sid: int) -> None:

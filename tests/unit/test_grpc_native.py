@@ -354,3 +354,27 @@ def test_any_cut_of_the_byte_stream_gives_the_same_answers(seed):
             assert resp.raw_output_contents[0] == np.arange(1, n + 1, dtype="<i4").tobytes()
         c.close()
     run(body)
+
+
+def test_oversized_message_is_refused_and_the_client_asked_to_stop():
+    async def body(server, dp):
+        c = await RawClient.connect(server.trireme_port)
+        c.frame(HEADERS, 4, 1, request_headers())
+        c.frame(DATA, 0, 1, b"\x00" + (2**31).to_bytes(4, "big") + b"x" * 100)
+        _, _, trailers = await c.response(1)
+        assert trailers[b"grpc-status"] == b"8"
+        assert trailers[b"grpc-message"] == (b"Received message larger than max "
+                                             b"(2147483648 vs. 2147483647)")
+        while True:
+            ftype, _, sid, payload = await c.read_frame()
+            if ftype == RST_STREAM:
+                assert (sid, payload) == (1, b"\x00\x00\x00\x00")   # NO_ERROR: stop sending
+                break
+        c.frame(DATA, 0, 1, b"y" * 1000)                 # late data is ignored
+        c.frame(HEADERS, 4, 3, request_headers())        # the connection still serves
+        c.frame(DATA, 1, 3, grpc_message(echo_request("m", "after").SerializeToString()))
+        _, data, trailers = await c.response(3)
+        assert trailers[b"grpc-status"] == b"0"
+        assert decode_response(data).id == "after"
+        c.close()
+    run(body)
