@@ -92,6 +92,15 @@ def wait_until(cond, timeout: float, what: str, interval: float = 0.05):
     raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+def wait_settled(srv: "Server", client, settled, what: str, timeout: float = 60.0):
+    """wait_until(settled); past the deadline, fail with the repository index and the tail
+    of the server log, which say which model did not load and why."""
+    try:
+        return wait_until(settled, timeout, what)
+    except TimeoutError:
+        raise AssertionError(f"{client.get_model_repository_index()}\n{srv.log()[-4000:]}")
+
+
 def stop_server(srv: Server, timeout: float = 30.0) -> int:
     """SIGTERM, wait, and check that nothing is left: no process, no /dev/shm segment."""
     family = srv.family()

@@ -27,7 +27,7 @@ from services.common.config import autocomplete, parse_pbtxt  # noqa: E402
 from services.common.errors import Code, TriremeError  # noqa: E402
 from services.workers.openvino_backend import OpenVINOBackend  # noqa: E402
 from tests import models, models_openvino as mo  # noqa: E402
-from tests.conftest import start_server, wait_until  # noqa: E402
+from tests.conftest import start_server, wait_settled  # noqa: E402
 
 ONE_THREAD = 'parameters { key: "INFERENCE_NUM_THREADS" value { string_value: "1" } }\n'
 GOOD = ("add_sub", "mlp", "types", "padded", "fixed")
@@ -80,10 +80,7 @@ def server(repo):
             idx = {e["name"]: e for e in c.get_model_repository_index()}
             return all(c.is_model_ready(n) for n in GOOD) and \
                 all(idx.get(n, {}).get("state") == "UNAVAILABLE" for n in BROKEN)
-        try:
-            wait_until(settled, 60, "models to load")
-        except TimeoutError:
-            raise AssertionError(f"{c.get_model_repository_index()}\n{srv.log()[-4000:]}")
+        wait_settled(srv, c, settled, "models to load")
         c.close()
         yield srv
 

@@ -25,7 +25,7 @@ from services.common.errors import Code, TriremeError  # noqa: E402
 from services.common.messages import LoadModel  # noqa: E402
 from services.workers.pytorch_backend import PyTorchBackend  # noqa: E402
 from tests import models_torch as mt  # noqa: E402
-from tests.conftest import start_server, wait_until  # noqa: E402
+from tests.conftest import start_server, wait_settled  # noqa: E402
 from tests.models import write_config  # noqa: E402
 
 # Warnings the backend's worker does not show: TorchScript's deprecation, and the read-only
@@ -78,10 +78,7 @@ def server(repo):
             idx = {e["name"]: e.get("state") for e in c.get_model_repository_index()}
             return all(idx.get(m) == "READY" for m in GOOD) and idx.get("corrupt") == "UNAVAILABLE"
 
-        try:
-            wait_until(settled, 60, "the pytorch models to load or fail")
-        except TimeoutError:
-            raise AssertionError(f"{c.get_model_repository_index()}\n{srv.log()[-4000:]}")
+        wait_settled(srv, c, settled, "the pytorch models to load or fail")
         c.close()
         yield srv
 

@@ -29,7 +29,7 @@ from services.common.errors import Code, TriremeError  # noqa: E402
 from services.common.messages import LoadModel  # noqa: E402
 from services.workers.backend import create_backend  # noqa: E402
 from tests import models, models_tf  # noqa: E402
-from tests.conftest import start_server, wait_until  # noqa: E402
+from tests.conftest import start_server, wait_settled  # noqa: E402
 
 ONE_CPU = "instance_group [{ kind: KIND_CPU, count: 1 }]\n"
 FP32_IN = ('input [{ name: "INPUT0", data_type: TYPE_FP32, dims: [16] },'
@@ -83,7 +83,7 @@ def server(repo):
             return all(states.get(m) == "READY" for m in GOOD) and \
                 all(states.get(m) == "UNAVAILABLE" for m in BROKEN)
         try:
-            wait_until(settled, 90, "TensorFlow models to load or fail")
+            wait_settled(srv, c, settled, "TensorFlow models to load or fail", 90)
         finally:
             c.close()
         yield srv

@@ -20,7 +20,7 @@ from services.common.errors import Code, TriremeError
 from services.common.repository import model_file
 from services.workers import tensorrt_backend as trtb
 from tests import models
-from tests.conftest import start_server, wait_until
+from tests.conftest import start_server, wait_settled
 
 HAS_TRT = importlib.util.find_spec("tensorrt") is not None
 NO_GPU = "TensorRT is not installable on this machine (no NVIDIA GPU / no wheel)"
@@ -57,10 +57,7 @@ def settled(srv, ready: tuple[str, ...], failed: tuple[str, ...]) -> dict[str, d
             ok = all(c.is_model_ready(n) for n in ready) and \
                 all(idx.get(n, {}).get("state") == "UNAVAILABLE" for n in failed)
             return idx if ok else None
-        try:
-            return wait_until(check, 60, "models to settle")
-        except TimeoutError:
-            raise AssertionError(f"{c.get_model_repository_index()}\n{srv.log()[-4000:]}")
+        return wait_settled(srv, c, check, "models to settle")
     finally:
         c.close()
 

@@ -22,7 +22,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 import models
-from conftest import start_server, wait_until
+from conftest import start_server, wait_settled
 
 ONE_CPU = "instance_group [{ kind: KIND_CPU, count: 1 }]\n"
 DEADLINE_S = 60.0
@@ -111,10 +111,7 @@ def none_server(repos):
                 return False
             return all(idx.get(m) and all(e.get("state") == "UNAVAILABLE" for e in idx[m])
                        for m in BROKEN)
-        try:
-            wait_until(settled, DEADLINE_S, "repository to settle")
-        except TimeoutError:
-            raise AssertionError(f"{index_by_name(c)}\n{srv.log()[-4000:]}")
+        wait_settled(srv, c, settled, "repository to settle", DEADLINE_S)
         c.close()
         yield srv
 

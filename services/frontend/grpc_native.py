@@ -68,13 +68,6 @@ def _status_block(code: int, details: str, headers_sent: bool) -> bytes:
     return block if headers_sent else RESPONSE_HEADERS + block   # Trailers-Only
 
 
-def _message(body: Any) -> Any:
-    """One length-prefixed gRPC message (uncompressed)."""
-    n = len(body)
-    prefix = b"\x00" + n.to_bytes(4, "big")
-    return prefix + body if n < 65_536 else [prefix, body]
-
-
 class _Call:
     """One RPC on one HTTP/2 stream: collects request messages, runs the handler, answers."""
     __slots__ = ("conn", "sid", "method", "server", "encoding", "head", "body", "flag", "filled",
@@ -204,18 +197,16 @@ class _Call:
         if not self.headers_sent:
             self.headers_sent = True
             conn.send_headers(sid, RESPONSE_HEADERS)
-        msg = _message(body)
-        if isinstance(msg, list):
-            conn.send_data(sid, msg[0])
-            conn.send_data(sid, msg[1])
+        prefix = b"\x00" + len(body).to_bytes(4, "big")   # uncompressed, length-prefixed
+        if len(body) < 65_536:
+            conn.send_data(sid, prefix + body)               # one frame for a small message
         else:
-            conn.send_data(sid, msg)
+            conn.send_data(sid, prefix)                      # no copy of a large one
+            conn.send_data(sid, body)
 
     def _finish(self, code: int, details: str) -> None:
-        if code == OK:
-            self.conn.send_trailers(self.sid, OK_TRAILERS)
-        else:
-            self.conn.send_trailers(self.sid, _status_block(code, details, self.headers_sent))
+        self.conn.send_trailers(self.sid, OK_TRAILERS if code == OK else
+                                _status_block(code, details, self.headers_sent))
 
     async def _run(self, body: Any) -> None:
         """Await a call's work; every way it ends becomes the call's status."""
