@@ -51,6 +51,9 @@ class DataPlane:
         self._outbox: list[tuple[m.InferRequest, list[Any]]] = []
         self._generation = 0
         self._scheduler_ready = False
+        # True while the frontend is still opening its ports: health says neither live nor
+        # ready, so a client that polled HTTP never finds the gRPC port closed.
+        self.starting = False
         self._arena: Arena | None = Arena("in") if settings.use_shm else None
         self._shm_ok = self._arena is not None
         self._segments = SegmentMap()
@@ -175,10 +178,10 @@ class DataPlane:
 
     # ------------------------------------------------------------------ metadata
     def live(self) -> bool:
-        return True
+        return not self.starting
 
     def ready(self) -> bool:
-        return self._scheduler_ready
+        return self._scheduler_ready and not self.starting
 
     def server_metadata(self) -> dict:
         return {"name": self.settings.server_name, "version": self.settings.server_version,

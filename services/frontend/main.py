@@ -20,6 +20,7 @@ async def run(settings: FrontendSettings) -> None:
     if not settings.result_addr:
         settings.result_addr = f"ipc:///tmp/trireme-{os.getpid()}-results.sock"
     dp = DataPlane(settings)
+    dp.starting = True
     await dp.start()
     http = grpc_server = None
     if settings.allow_http:
@@ -28,6 +29,7 @@ async def run(settings: FrontendSettings) -> None:
     if settings.allow_grpc:
         from services.frontend.grpc_server import start_grpc
         grpc_server = await start_grpc(dp, settings)
+    dp.starting = False
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

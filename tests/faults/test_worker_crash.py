@@ -99,8 +99,14 @@ def add_sub(client) -> None:
 
 def kill_and_reap(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: not psutil.pid_exists(pid) or
-               psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 10, f"pid {pid} to die")
+    wait_until(lambda: _dead(pid), 10, f"pid {pid} to die")
+
+
+def _dead(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:     # already reaped (also between two checks)
+        return True
 
 
 def test_killed_worker_is_restarted_others_keep_serving(server, client):
