@@ -17,6 +17,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -158,12 +159,13 @@ def model_config(name: str, threads: int, instances: int = 1,
 # --------------------------------------------------------------------------- server
 
 class Server:
-    def __init__(self, repo: Path, frontends: int, log_path: Path, cpus: str = "") -> None:
+    def __init__(self, repo: Path, frontends: int, log_path: Path, cpus: str = "",
+                 extra: Sequence[str] = ()) -> None:
         self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
         self.cmd = [*(["taskset", "-c", cpus] if cpus else []), sys.executable, "-m", "services.cli", "serve", "--model-repository", str(repo),
                     "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
                     "--metrics-port", str(self.metrics_port), "--host", "127.0.0.1",
-                    "--frontends", str(frontends)]
+                    "--frontends", str(frontends), *extra]
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
 

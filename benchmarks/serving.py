@@ -161,6 +161,8 @@ def main() -> int:
     ap.add_argument("--server-cpus", default="",
                     help="run the server under `taskset -c CPUS` (experiments; default: unpinned)")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs, profiles)")
+    ap.add_argument("--transport", choices=["stream", "zmq"], default="stream",
+                    help="trireme serve --transport (between the server's processes)")
     args = ap.parse_args()
 
     n_lat = args.requests or (300 if args.quick else 2000)
@@ -193,7 +195,8 @@ def main() -> int:
             wait_budget[0] -= time.monotonic() - t
     try:
         repo = build_repository(tmp, [*models_run, "identity"])
-        srv = Server(repo, args.frontends, tmp / "server.log", args.server_cpus)
+        srv = Server(repo, args.frontends, tmp / "server.log", args.server_cpus,
+                     ["--transport", args.transport])
         log(f"starting: {' '.join(srv.cmd)}")
         srv.start()
         log(f"ready; processes: {srv.processes()}")

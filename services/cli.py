@@ -112,12 +112,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     set_title("trireme serve (scheduler)")
     run_dir = tempfile.mkdtemp(prefix=f"trireme-{os.getpid()}-")
     try:
-        settings = _scheduler_settings(args, f"ipc://{run_dir}/frontends.sock",
-                                       f"ipc://{run_dir}/workers.sock", args.host)
+        scheme = "unix" if args.transport == "stream" else "ipc"
+        settings = _scheduler_settings(args, f"{scheme}://{run_dir}/frontends.sock",
+                                       f"{scheme}://{run_dir}/workers.sock", args.host)
         cmds = []
         for i in range(args.frontends):
             cmds.append(["--scheduler", settings.frontend_addr,
-                         "--result-addr", f"ipc://{run_dir}/results-{i}.sock",
+                         "--result-addr", f"{scheme}://{run_dir}/results-{i}.sock",
                          "--http-port", str(args.http_port), "--grpc-port", str(args.grpc_port),
                          "--host", args.host, "--allow-http", str(args.allow_http),
                          "--allow-grpc", str(args.allow_grpc),
@@ -156,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     _add_scheduler_args(serve)
     add_frontend_args(serve)
     serve.add_argument("--frontends", type=int, default=1, help="frontend processes sharing the ports")
+    serve.add_argument("--transport", choices=("stream", "zmq"), default="stream",
+                       help="between the processes: stream (Unix sockets, the default) or zmq "
+                            "(ZeroMQ over ipc://)")
     serve.set_defaults(func=cmd_serve)
 
     sched = sub.add_parser("scheduler", help="the scheduler alone (frontends connect to it)")

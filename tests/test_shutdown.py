@@ -18,6 +18,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 import models
+from models_python import python_model
 from conftest import shm_segments, start_server, wait_until
 
 ONE_CPU = "instance_group [{ kind: KIND_CPU, count: 1 }]\n"
@@ -150,6 +151,19 @@ def test_two_frontends(repo):
         signal_and_check(srv, signal.SIGTERM)
 
 
+_LOADS_FOR_A_MINUTE = """
+import time
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        time.sleep(60)
+
+    def execute(self, requests):
+        return []
+"""
+
+
 def test_shutdown_while_loading(tmp_path_factory):
     """SIGTERM as soon as the server is live, while its workers are still being started."""
     root = tmp_path_factory.mktemp("loading") / "models"
@@ -157,20 +171,23 @@ def test_shutdown_while_loading(tmp_path_factory):
         models.add_sub(root / f"m{i}")
         models.write_config(root / f"m{i}", "max_batch_size: 8\n"
                             "instance_group [{ kind: KIND_CPU, count: 2 }]\n")
+    # A model whose load lasts as long as the test needs: the server is stopped while its
+    # worker is inside initialize(), however fast the others load.
+    python_model(root, "loading", _LOADS_FOR_A_MINUTE, ONE_CPU)
     with start_server(root, ready=False) as srv:
         family: set[int] = set()
 
-        def loading():   # a worker is running but has not loaded its model yet
+        def loading():   # the slow model's worker is in its initialize()
             family.update(srv.family())
             for pid in family - {srv.proc.pid}:
                 try:
                     cmd = " ".join(psutil.Process(pid).cmdline())
                 except psutil.NoSuchProcess:
                     continue
-                if "worker" in cmd and " v1)" not in cmd:
+                if "(loading v1)" in cmd:
                     return True
             return False
-        wait_until(loading, 10, "a worker to be loading", interval=0.005)
+        wait_until(loading, 30, "a worker to be loading", interval=0.005)
         # A worker killed by SIGTERM in the middle of its model load can print a traceback
         # (services/workers/main.py closes its socket inside the signal handler; see report).
         signal_and_check(srv, signal.SIGTERM, family, traceback_ok=True)

@@ -381,16 +381,14 @@ def encode(msg: _Msg, frames: Sequence[Any] = ()) -> list[Any]:
 
 
 def decode(parts: Sequence[Any], *, for_worker: bool = False) -> tuple[_Msg, list[Any]]:
-    """(message, tensor frames) from a received multipart (bytes or zmq.Frame parts)."""
+    """(message, tensor frames) from a received multipart (bytes or memoryview parts)."""
     if len(parts) < 2:
         raise DecodeError(f"multipart of {len(parts)} part(s) is not a message")
     kind_b, header = parts[0], parts[1]
-    kind_b = kind_b if isinstance(kind_b, bytes) else kind_b.bytes
-    header = header if isinstance(header, (bytes, memoryview)) else header.buffer
     decoders = _WORKER_DECODERS if for_worker else _DECODERS
-    dec = decoders.get(kind_b[0]) if kind_b else None
+    dec = decoders.get(kind_b[0]) if len(kind_b) == 1 else None
     if dec is None:
-        raise DecodeError(f"unknown message kind {kind_b!r}")
+        raise DecodeError(f"unknown message kind {bytes(kind_b)!r}")
     try:
         return dec.decode(header), list(parts[2:])
     except msgspec.DecodeError as e:

@@ -16,8 +16,6 @@ import logging
 import os
 from typing import Any, AsyncIterator
 
-import zmq
-
 from services.common import messages as m
 from services.common import transport
 from services.common.errors import Code, TriremeError
@@ -61,13 +59,8 @@ class DataPlane:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._sched = transport.socket(zmq.DEALER)
-        self._sched.connect(self.settings.scheduler_addr)
-        self._results = transport.socket(zmq.PULL)
-        self._results.bind(self.result_addr)
-        self._sched_reader = transport.Reader(self._sched, self._on_message, loop)
-        self._results_reader = transport.Reader(self._results, self._on_message, loop)
+        self._results = await transport.listen(self.result_addr, self._on_result)
+        self._sched = transport.connect(self.settings.scheduler_addr, self._on_message)
         self._send(m.FrontendHello(self.pid))
 
     def close(self) -> None:
@@ -77,16 +70,18 @@ class DataPlane:
                 waiter.put_nowait((gone, []))
             elif not waiter.done():
                 waiter.set_exception(TriremeError(Code.UNAVAILABLE, "server is shutting down"))
-        self._sched_reader.close()
-        self._results_reader.close()
-        transport.remove_ipc(self.result_addr)
+        self._sched.close()
+        self._results.close()
+        transport.remove_path(self.result_addr)
         self._segments.close()
         if self._arena is not None:
             self._arena.close()
 
     def _send(self, msg: Any, frames: list[Any] = ()) -> None:
-        self._sched.send_multipart(m.encode(msg, frames), copy=False)
-        self._sched_reader.kick()
+        self._sched.send(m.encode(msg, frames))
+
+    def _on_result(self, identity: bytes, parts: list[Any]) -> None:
+        self._on_message(parts)   # results carry everything; who sent them does not matter
 
     def _on_message(self, parts: list[Any]) -> None:
         msg, frames = m.decode(parts)
@@ -377,7 +372,7 @@ class DataPlane:
         resp = CoreResponse(req.model, str(version), req.id, parameters=result.parameters, keep=rframes)
         for ref in result.outputs:
             if ref.frame >= 0:
-                data = rframes[ref.frame].buffer
+                data = rframes[ref.frame]
             else:
                 data = self._segments.view(ref.segment, ref.offset, ref.nbytes)
                 resp.blocks.append((ref.segment, ref.offset))

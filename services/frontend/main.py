@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 
+from services.common import transport
 from services.common.procutil import die_with_parent, set_title
 from services.common.shm import DEFAULT_INLINE_THRESHOLD
 from services.frontend.dataplane import DataPlane
@@ -18,7 +19,7 @@ log = logging.getLogger("trireme.frontend")
 
 async def run(settings: FrontendSettings) -> None:
     if not settings.result_addr:
-        settings.result_addr = f"ipc:///tmp/trireme-{os.getpid()}-results.sock"
+        settings.result_addr = transport.local_address(settings.scheduler_addr, "results")
     dp = DataPlane(settings)
     dp.starting = True
     await dp.start()

@@ -1,12 +1,14 @@
 """The scheduler process: routes requests from frontends to instance workers.
 
-    frontends ──DEALER──▶ [ROUTER frontend socket] ─┐
-                                                    ├─ one asyncio loop: ModelManager + queues
-    workers   ──DEALER──▶ [ROUTER worker socket]  ──┘
-    workers ──PUSH──▶ frontends (results go straight back; the scheduler only hears BatchDone)
+    frontends ──connect──▶ [frontend listener] ─┐
+                                                ├─ one asyncio loop: ModelManager + queues
+    workers   ──connect──▶ [worker listener]  ──┘
+    workers ──connect──▶ frontends' result listeners (results go straight back; the
+                         scheduler only hears BatchDone)
 
+Listeners and connections are services/common/transport's (stream sockets or ZeroMQ).
 Tensor bytes never pass through here as copies: inline frames are forwarded by reference
-(zero-copy ZeroMQ frames) and shared-memory tensors are only references.
+(the received buffers) and shared-memory tensors are only references.
 """
 from __future__ import annotations
 
@@ -20,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import zmq
 
 from services.common import messages as m
 from services.common import shm, transport
@@ -93,12 +94,8 @@ class Scheduler:
     async def start(self) -> None:
         for seg in shm.sweep_stale():
             log.info("removed stale shared-memory segment %s", seg)
-        self.fsock = transport.socket(zmq.ROUTER)
-        self.fsock.bind(self.settings.frontend_addr)
-        self.wsock = transport.socket(zmq.ROUTER)
-        self.wsock.bind(self.settings.worker_addr)
-        self.freader = transport.Reader(self.fsock, self._on_frontend)
-        self.wreader = transport.Reader(self.wsock, self._on_worker)
+        self.fsock = await transport.listen(self.settings.frontend_addr, self._on_frontend)
+        self.wsock = await transport.listen(self.settings.worker_addr, self._on_worker)
         self.metrics_runner = None
         if self.settings.allow_metrics:
             self.metrics_runner = await self.metrics.serve(self.settings.host, self.settings.metrics_port)
@@ -136,23 +133,19 @@ class Scheduler:
         await self.models.shutdown()
         if self.metrics_runner is not None:
             await self.metrics_runner.cleanup()
-        self.freader.close()
-        self.wreader.close()
+        self.fsock.close()
+        self.wsock.close()
         for addr in (self.settings.frontend_addr, self.settings.worker_addr):
-            transport.remove_ipc(addr)
+            transport.remove_path(addr)
 
     # ------------------------------------------------------------------ frontends
     def _send_frontend(self, identity: bytes, msg: Any, frames: list[Any] = ()) -> None:
-        try:
-            self.fsock.send_multipart([identity, *m.encode(msg, frames)], copy=False)
-        except zmq.ZMQError as e:   # EHOSTUNREACH: that frontend is gone
-            (log.debug if self._stopping else log.warning)("cannot reach frontend %r: %s", identity, e)
+        if not self.fsock.send(identity, m.encode(msg, frames)):   # that frontend is gone
+            (log.debug if self._stopping else log.warning)("cannot reach frontend %r", identity)
             self.frontends.discard(identity)
-        self.freader.kick()
 
-    def _on_frontend(self, parts: list[Any]) -> None:
-        identity = parts[0].bytes
-        msg, frames = m.decode(parts[1:])
+    def _on_frontend(self, identity: bytes, parts: list[Any]) -> None:
+        msg, frames = m.decode(parts)
         if isinstance(msg, m.InferRequest):
             self._infer(identity, msg, frames)
         elif isinstance(msg, m.InferRequests):   # they share `frames` (indexes count over it)
@@ -301,22 +294,18 @@ class Scheduler:
 
     # ------------------------------------------------------------------ workers
     def _send_worker(self, worker_id: str, msg: Any, frames: list[Any] = ()) -> bool:
-        try:
-            self.wsock.send_multipart([worker_id.encode(), *m.encode(msg, frames)], copy=False)
+        if self.wsock.send(worker_id.encode(), m.encode(msg, frames)):
             return True
-        except zmq.ZMQError as e:
-            log.warning("cannot reach worker %s: %s", worker_id, e)
-            return False
-        finally:
-            self.wreader.kick()
+        log.warning("cannot reach worker %s", worker_id)
+        return False
 
     def _send_batch(self, inst: Instance, batch: m.ExecuteBatch, frames: list[Any]) -> None:
         if not self._send_worker(inst.worker_id, batch, frames):
             # The worker is going away; its exit handler fails what it holds.
             pass
 
-    def _on_worker(self, parts: list[Any]) -> None:
-        msg, _ = m.decode(parts[1:])
+    def _on_worker(self, identity: bytes, parts: list[Any]) -> None:
+        msg, _ = m.decode(parts)
         if isinstance(msg, m.BatchDone):
             if msg.metrics is not None:
                 self.custom_metrics[msg.worker_id] = msg.metrics

@@ -20,6 +20,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from services.common import transport
 from services.common.datatypes import deserialize_bytes_tensor, numpy_dtype, serialize_bytes_tensor
 from services.common.errors import Code, TriremeError
 from services.frontend.dataplane import DataPlane
@@ -32,10 +33,11 @@ _END = object()
 
 
 def _connectable(address: str) -> str:
-    """A bind address (tcp://*:p, tcp://0.0.0.0:p) as an address to connect to."""
-    for wildcard in ("tcp://*:", "tcp://0.0.0.0:"):
-        if address.startswith(wildcard):
-            return "tcp://127.0.0.1:" + address[len(wildcard):]
+    """A bind address (tcp://*:p, stream://0.0.0.0:p, ...) as an address to connect to."""
+    for scheme in ("tcp://", "stream://"):
+        for host in ("*:", "0.0.0.0:"):
+            if address.startswith(scheme + host):
+                return f"{scheme}127.0.0.1:" + address[len(scheme + host):]
     return address
 
 
@@ -82,7 +84,7 @@ class BlsClient:
                 "BLS is not available: this worker was not given the scheduler's address")
         settings = FrontendSettings(
             scheduler_addr=_connectable(scheduler_addr),
-            result_addr=f"ipc:///tmp/trireme-{os.getpid()}-bls.sock",
+            result_addr=transport.local_address(scheduler_addr, "bls"),
             inline_threshold=inline_threshold, use_shm=use_shm)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="trireme-bls", daemon=True)

@@ -21,7 +21,6 @@ import time
 from typing import Any
 
 import numpy as np
-import zmq
 
 from services.common import messages as m
 from services.common import transport
@@ -33,15 +32,18 @@ from services.common.shm import DEFAULT_INLINE_THRESHOLD, Arena, SegmentMap, Shm
 
 log = logging.getLogger("trireme.worker")
 
+# How long a worker tries to reach a frontend's result socket: on one host it is there or
+# gone at once; across hosts this bounds how long a dead frontend stalls the worker.
+_RESULT_CONNECT_S = 2.0
+
 
 
 class Worker:
     def __init__(self, scheduler_addr: str, worker_id: str, inline_threshold: int = DEFAULT_INLINE_THRESHOLD,
                  use_shm: bool = True) -> None:
         self.worker_id = worker_id
-        self.sock = transport.socket(zmq.DEALER, identity=worker_id.encode())
-        self.sock.connect(scheduler_addr)
-        self.pushers: dict[str, zmq.Socket] = {}
+        self.sock = transport.connect_blocking(scheduler_addr, worker_id.encode())
+        self.pushers: dict[str, Any] = {}   # result address -> connection
         self.segments = SegmentMap()
         self.arena = Arena("out") if use_shm else None
         self.shm_ok = self.arena is not None
@@ -57,14 +59,13 @@ class Worker:
     # ------------------------------------------------------------------ loop
     def run(self) -> None:
         # 1. announce ourselves; 2. serve messages until Shutdown or a signal.
-        self.sock.send_multipart(m.encode(m.WorkerReady(self.worker_id, os.getpid())))
+        self.sock.send(m.encode(m.WorkerReady(self.worker_id, os.getpid())))
         while self.running:
             try:
-                parts = self.sock.recv_multipart(copy=False)
-            except zmq.ZMQError as e:
-                if e.errno == zmq.EINTR:
-                    continue
-                raise
+                parts = self.sock.recv()
+            except EOFError as e:   # the scheduler is gone: so is our reason to run
+                log.warning("%s; exiting", e)
+                return
             msg, frames = m.decode(parts, for_worker=True)
             if isinstance(msg, m.ExecuteBatch):
                 self.execute(msg, frames)
@@ -84,8 +85,8 @@ class Worker:
             except Exception:
                 log.exception("backend close failed")
         for s in self.pushers.values():
-            s.close(0)
-        self.sock.close(0)
+            s.close()
+        self.sock.close()
         self.segments.close()
         if self.arena is not None:
             self.arena.close()
@@ -109,7 +110,7 @@ class Worker:
             log.exception("load of %s failed", msg.model)
             reply = m.ModelLoaded(self.worker_id, error=m.ErrorRecord(
                 int(Code.INVALID_ARG), f"failed to load '{msg.model}' version {msg.version}: {e}"))
-        self.sock.send_multipart(m.encode(reply))
+        self.sock.send(m.encode(reply))
 
     def probe(self, msg: m.ProbeReady) -> None:
         """Readiness as the backend sees it (a Python model's is_ready())."""
@@ -120,12 +121,12 @@ class Worker:
                 reason = f"model '{self.model}' reports it is not ready"
         except Exception as e:
             ready, reason = False, str(e)
-        self.sock.send_multipart(m.encode(m.ProbeResult(msg.probe_id, self.worker_id, ready, reason)))
+        self.sock.send(m.encode(m.ProbeResult(msg.probe_id, self.worker_id, ready, reason)))
 
     # ------------------------------------------------------------------ execute
     def _array(self, ref: m.TensorRef, frames: list[Any]) -> np.ndarray:
         if ref.frame >= 0:
-            buf = frames[ref.frame].buffer
+            buf = frames[ref.frame]
         else:
             buf = self.segments.view(ref.segment, ref.offset, ref.nbytes)
         if ref.datatype == "BYTES":
@@ -160,7 +161,7 @@ class Worker:
             self._flush(replies)
         t3 = time.perf_counter_ns()
         t1, t2 = times
-        self.sock.send_multipart(m.encode(m.BatchDone(
+        self.sock.send(m.encode(m.BatchDone(
             batch.batch_id, self.worker_id, t1 - t0, t2 - t1, t3 - t2, failed, self._metrics())))
 
     def _metrics(self) -> list | None:
@@ -262,12 +263,17 @@ class Worker:
             self._push(address, results[0] if len(results) == 1 else m.InferResults(results), frames)
 
     def _push(self, address: str, msg: Any, frames: list[Any] = ()) -> None:
-        sock = self.pushers.get(address)
-        if sock is None:
-            sock = transport.socket(zmq.PUSH)
-            sock.connect(address)
-            self.pushers[address] = sock
-        sock.send_multipart(m.encode(msg, frames), copy=False)
+        conn = self.pushers.get(address)
+        try:
+            if conn is None:
+                conn = self.pushers[address] = transport.connect_blocking(
+                    address, timeout=_RESULT_CONNECT_S)
+            conn.send(m.encode(msg, frames))
+        except OSError as e:   # that frontend is gone, and so is whoever waited for this
+            log.warning("cannot send results to %s: %s", address, e)
+            gone = self.pushers.pop(address, None)
+            if gone is not None:
+                gone.close()
 
     def release(self, blocks: list[tuple[str, int]]) -> None:
         if self.arena is None:

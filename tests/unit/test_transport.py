@@ -1,0 +1,268 @@
+"""The transport between the services (services/common/transport*.py), over real sockets:
+both wires (stream sockets and ZeroMQ) through the one interface, the stream framing under
+arbitrary cuts, reconnects, identities, a malformed peer, and no leaked descriptors."""
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import random
+import socket
+import threading
+import time
+
+import pytest
+import zmq
+
+from services.common import transport
+from services.common.transport_stream import _Assembler, frame
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _address(kind: str, tmp_path) -> str:
+    return {"unix": lambda: f"unix://{tmp_path}/l.sock",
+            "stream": lambda: f"stream://127.0.0.1:{_free_port()}",
+            "ipc": lambda: f"ipc://{tmp_path}/l.sock",
+            "tcp": lambda: f"tcp://127.0.0.1:{_free_port()}"}[kind]()
+
+
+KINDS = ["unix", "stream", "ipc", "tcp"]
+
+
+@functools.cache
+def _zmq_warm() -> None:
+    """ZeroMQ's I/O and reaper threads start with the first socket, and pyzmq's garbage
+    collector (with its own context) with the first zero-copy send of a big buffer: their
+    descriptors live as long as the process."""
+    ctx = zmq.Context.instance()
+    a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    a.bind("inproc://fd-baseline")
+    b.connect("inproc://fd-baseline")
+    a.send(b"x" * 100_000, copy=False)
+    b.recv()
+    a.close(0)
+    b.close(0)
+
+
+def _fds() -> int:
+    _zmq_warm()
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _no_fd_leak(before: int) -> None:
+    """ZeroMQ closes a socket's descriptors in its reaper thread, a moment after close()."""
+    deadline = time.monotonic() + 5
+    while _fds() != before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _fds() == before
+
+
+async def _until(cond, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not met")
+        await asyncio.sleep(0.002)
+
+
+def _bytes(parts) -> list[bytes]:
+    return [bytes(p) for p in parts]
+
+
+MESSAGES = [
+    [b"\x01", b"header"],
+    [b"\x02", b"", b"empty part before"],
+    [b"\x03", b"x" * 70_000, b"y" * 3, os.urandom(1 << 20)],   # above the join threshold
+    [b"\x04"] + [bytes([i]) * i for i in range(40)],
+]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_round_trip_and_answer_by_identity(kind, tmp_path):
+    async def main():
+        address = _address(kind, tmp_path)
+        got: list[tuple[bytes, list[bytes]]] = []
+        listener = await transport.listen(address, lambda ident, parts: got.append((ident, _bytes(parts))))
+        answers: dict[bytes, list[list[bytes]]] = {b"a": [], b"b": []}
+        conns = {ident: transport.connect(address, lambda parts, i=ident: answers[i].append(_bytes(parts)),
+                                          identity=ident) for ident in answers}
+        for ident, conn in conns.items():
+            for msg in MESSAGES:
+                conn.send([*msg, ident])
+        await _until(lambda: len(got) == 2 * len(MESSAGES))
+        for ident in answers:
+            assert [p for i, p in got if i == ident] == [[*msg, ident] for msg in MESSAGES]
+        # The listener answers each peer by the identity it announced.
+        for ident in answers:
+            assert listener.send(ident, [b"\x09", b"for " + ident])
+        assert not listener.send(b"nobody", [b"\x09", b"lost"])
+        await _until(lambda: all(answers.values()))
+        assert answers == {b"a": [[b"\x09", b"for a"]], b"b": [[b"\x09", b"for b"]]}
+        for conn in conns.values():
+            conn.close()
+        listener.close()
+
+    before = _fds()
+    asyncio.run(main())
+    _no_fd_leak(before)
+
+
+@pytest.mark.parametrize("kind", ["unix", "stream", "ipc"])
+def test_connection_queues_until_the_listener_binds(kind, tmp_path):
+    """Sent before anyone listens (a frontend started before its scheduler): delivered, in
+    order, once the listener is up."""
+    async def main():
+        address = _address(kind, tmp_path)
+        got: list[list[bytes]] = []
+        conn = transport.connect(address, lambda parts: None, identity=b"early")
+        for i in range(5):
+            conn.send([b"\x01", b"%d" % i])
+        await asyncio.sleep(0.25)   # a couple of failed connection attempts happen here
+        listener = await transport.listen(address, lambda ident, parts: got.append(_bytes(parts)))
+        await _until(lambda: len(got) == 5)
+        assert got == [[b"\x01", b"%d" % i] for i in range(5)]
+        conn.close()
+        listener.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("kind", ["unix", "stream"])
+def test_connection_comes_back_after_the_listener_restarts(kind, tmp_path):
+    async def main():
+        address = _address(kind, tmp_path)
+        got: list[tuple[bytes, list[bytes]]] = []
+        first = await transport.listen(address, lambda ident, parts: got.append((ident, _bytes(parts))))
+        conn = transport.connect(address, lambda parts: None, identity=b"me")
+        conn.send([b"\x01", b"one"])
+        await _until(lambda: len(got) == 1)
+        first.close()
+        await _until(lambda: conn._transport is None)   # noqa: SLF001 - the loss was seen
+        second = await transport.listen(address, lambda ident, parts: got.append((ident, _bytes(parts))))
+        conn.send([b"\x01", b"two"])
+        await _until(lambda: len(got) == 2)
+        assert got == [(b"me", [b"\x01", b"one"]), (b"me", [b"\x01", b"two"])]
+        conn.close()
+        second.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_blocking_connection_from_many_threads(kind, tmp_path):
+    """A worker's sends come from its loop and from a model's threads at once: every
+    message arrives whole; recv() gets what the listener sends."""
+    async def main():
+        address = _address(kind, tmp_path)
+        got: list[tuple[bytes, list[bytes]]] = []
+        listener = await transport.listen(address, lambda ident, parts: got.append((ident, _bytes(parts))))
+        conn = await asyncio.to_thread(transport.connect_blocking, address, b"w1")
+
+        def sender(t: int) -> None:
+            for i in range(50):
+                conn.send([b"\x05", b"%d:%d" % (t, i), bytes([t]) * (i * 3000)])
+        threads = [threading.Thread(target=sender, args=(t,)) for t in range(4)]
+        for th in threads:
+            th.start()
+        await _until(lambda: len(got) == 200 and not any(th.is_alive() for th in threads), 20)
+        for t in range(4):
+            mine = [parts for ident, parts in got if parts[1].startswith(b"%d:" % t)]
+            assert mine == [[b"\x05", b"%d:%d" % (t, i), bytes([t]) * (i * 3000)] for i in range(50)]
+        assert {ident for ident, _ in got} == {b"w1"}
+        big = os.urandom(3 << 20)
+        assert listener.send(b"w1", [b"\x06", big, b""])
+        assert _bytes(await asyncio.to_thread(conn.recv)) == [b"\x06", big, b""]
+        conn.close()
+        listener.close()
+
+    before = _fds()
+    asyncio.run(main())
+    _no_fd_leak(before)
+
+
+@pytest.mark.parametrize("kind", ["unix", "stream"])
+def test_blocking_recv_ends_when_the_listener_goes(kind, tmp_path):
+    async def main():
+        address = _address(kind, tmp_path)
+        listener = await transport.listen(address, lambda ident, parts: None)
+        conn = await asyncio.to_thread(transport.connect_blocking, address, b"w")
+        await _until(lambda: b"w" in listener._peers)   # noqa: SLF001
+        listener.close()
+        with pytest.raises(EOFError):
+            await asyncio.to_thread(conn.recv)
+        conn.close()
+
+    asyncio.run(main())
+
+
+def test_blocking_connect_gives_up_after_its_timeout(tmp_path):
+    t0 = time.monotonic()
+    with pytest.raises(OSError):
+        transport.connect_blocking(f"unix://{tmp_path}/nobody.sock", timeout=0.3)
+    assert time.monotonic() - t0 < 2
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_stream_framing_survives_any_cut(seed):
+    """The same messages, whatever way the kernel cuts the byte stream."""
+    rng = random.Random(seed)
+    msgs = [[bytes([k]), os.urandom(rng.choice([0, 1, 5, 300, 70_000]))] +
+            [os.urandom(rng.randrange(0, 2000)) for _ in range(rng.randrange(0, 4))]
+            for k in range(60)]
+    wire = b"".join(b"".join(bytes(b) for b in frame(parts)) for parts in msgs)
+    got: list[list[bytes]] = []
+    asm = _Assembler(lambda parts: got.append(_bytes(parts)))
+    pos = 0
+    while pos < len(wire):
+        n = rng.choice([1, 2, 3, 4, 5, 7, 100, 4096, 65536, 200_000])
+        asm.feed(wire[pos:pos + n])
+        pos += n
+    assert got == msgs
+
+
+def test_malformed_peer_is_dropped_and_others_are_served(tmp_path):
+    async def main():
+        address = f"unix://{tmp_path}/l.sock"
+        got: list[tuple[bytes, list[bytes]]] = []
+
+        def handler(ident, parts):
+            if parts[1] == b"boom":
+                raise RuntimeError("a handler's own bug")   # logged, connection kept
+            got.append((ident, _bytes(parts)))
+        listener = await transport.listen(address, handler)
+        good = transport.connect(address, lambda parts: None, identity=b"good")
+        good.send([b"\x01", b"boom"])
+        good.send([b"\x01", b"after"])
+        bad = socket.socket(socket.AF_UNIX)
+        await asyncio.get_running_loop().sock_connect(bad, f"{tmp_path}/l.sock")
+        bad.sendall(b"".join(frame([b"bad"])) + b"\x03\x00\x00\x00zzz")   # size 3 < 4
+        await _until(lambda: got == [(b"good", [b"\x01", b"after"])])
+        await _until(lambda: b"bad" not in listener._peers)   # noqa: SLF001
+        bad.setblocking(False)
+        await _until(lambda: _closed(bad))
+        bad.close()
+        good.send([b"\x01", b"still"])
+        await _until(lambda: len(got) == 2)
+        good.close()
+        listener.close()
+
+    asyncio.run(main())
+
+
+def _closed(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def test_unsupported_address_is_refused():
+    with pytest.raises(ValueError, match="unsupported address 'http://x'"):
+        transport.connect_blocking("http://x")
