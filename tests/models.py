@@ -143,3 +143,29 @@ def lookup(model_dir: Path, table: int = 4) -> None:
         initializer=[helper.make_tensor("table", TensorProto.FLOAT, [table],
                                         np.arange(table, dtype=np.float32))])
     _save(g, model_dir / "1" / "model.onnx")
+
+
+def affine(model_dir: Path, shape: list, width: int, seed: int = 0) -> np.ndarray:
+    """OUTPUT0 = INPUT0 @ W + 1 over the last dimension (`width`), FP32, with `shape` the
+    tensors' shape in the file (names for dynamic dims). Returns W, for expected values."""
+    w = np.random.default_rng(seed).standard_normal((width, width)).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["INPUT0", "w"], ["mm"]),
+         helper.make_node("Add", ["mm", "one"], ["OUTPUT0"])], "affine",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, shape)],
+        initializer=[helper.make_tensor("w", TensorProto.FLOAT, w.shape, w.ravel()),
+                     helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])])
+    _save(g, model_dir / "1" / "model.onnx")
+    return w
+
+
+def scale(model_dir: Path, shape: list, factor: float = 3.0) -> None:
+    """OUTPUT0 = INPUT0 * factor, FP32, `shape` as in the file (e.g. ["batch"]: a scalar
+    per batch item)."""
+    g = helper.make_graph(
+        [helper.make_node("Mul", ["INPUT0", "k"], ["OUTPUT0"])], "scale",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, shape)],
+        initializer=[helper.make_tensor("k", TensorProto.FLOAT, [], [factor])])
+    _save(g, model_dir / "1" / "model.onnx")

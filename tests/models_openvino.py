@@ -54,6 +54,20 @@ def types(model_dir: Path) -> Path:
     return _save(ov.Model(outs, [i, h], "types"), model_dir)
 
 
+def strings(model_dir: Path) -> Path:
+    """TEXT string [batch, 2] -> UPPER string (ASCII a-z upper-cased byte by byte, other
+    bytes as they are) and LENGTH i32 (bytes per element), with OpenVINO's string ops."""
+    import openvino.opset15 as ops15
+    text = ops15.parameter([-1, 2], ov.Type.string, name="TEXT")
+    begins, ends, symbols = ops15.string_tensor_unpack(text).outputs()
+    lower = ops15.logical_and(ops15.greater_equal(symbols, ops15.constant(np.uint8(97))),
+                              ops15.less_equal(symbols, ops15.constant(np.uint8(122))))
+    upper = ops15.select(lower, ops15.subtract(symbols, ops15.constant(np.uint8(32))), symbols)
+    outs = [_named(ops15.string_tensor_pack(begins, ends, upper), "UPPER"),
+            _named(ops15.subtract(ends, begins), "LENGTH")]
+    return _save(ov.Model(outs, [text], "strings"), model_dir)
+
+
 def broken(model_dir: Path) -> Path:
     """A model.xml that is not IR."""
     path = model_dir / "1" / "model.xml"

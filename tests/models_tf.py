@@ -80,3 +80,41 @@ def graphdef(model_dir: Path, seed: int = 1):
                 return sess.run([f"{n}:0" for n in fetches],
                                 {f"{n}:0": v for n, v in feeds.items()})
     return run
+
+
+def variable_graphdef(model_dir: Path, value: int = 7, variable: str = "VARIABLE") -> None:
+    """A GraphDef that is not frozen (Triton's qa graphdef_variable, with a non-zero start):
+    OUTPUT = VARIABLE + INPUT, INT32 [1], where VARIABLE starts at `value` only once the
+    initialization operation "init" (global_variables_initializer) has run."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.int32, [1], name="INPUT")
+        v = tf.compat.v1.get_variable(variable, [1], dtype=tf.int32,
+                                      initializer=tf.compat.v1.constant_initializer(value))
+        tf.add(v, x, name="OUTPUT")
+        assert tf.compat.v1.global_variables_initializer().name == "init"
+    path = Path(model_dir) / "1" / "model.graphdef"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(graph.as_graph_def().SerializeToString())
+
+
+def tf1_savedmodel(model_dir: Path, value: int = 5, variable: str = "LOCAL") -> None:
+    """A TensorFlow 1 SavedModel (tf.compat.v1 Builder): serving_default OUTPUT = LOCAL + INPUT,
+    INT32 [-1, 1], with LOCAL a local variable that no main op initializes; "init" (its
+    local_variables_initializer) sets it to `value`."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.int32, [None, 1], name="INPUT")
+        v = tf.compat.v1.get_variable(variable, [1], dtype=tf.int32,
+                                      initializer=tf.compat.v1.constant_initializer(value),
+                                      collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
+        y = tf.add(v, x, name="OUTPUT")
+        assert tf.compat.v1.local_variables_initializer().name == "init"
+        with tf.compat.v1.Session(graph=graph) as sess:
+            builder = tf.compat.v1.saved_model.Builder(
+                str(Path(model_dir) / "1" / "model.savedmodel"))
+            signature = tf.compat.v1.saved_model.predict_signature_def({"INPUT": x}, {"OUTPUT": y})
+            builder.add_meta_graph_and_variables(
+                sess, ["serve"], signature_def_map={"serving_default": signature},
+                main_op=tf.no_op())
+            builder.save()

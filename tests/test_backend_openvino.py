@@ -30,7 +30,7 @@ from tests import models, models_openvino as mo  # noqa: E402
 from tests.conftest import start_server, wait_settled  # noqa: E402
 
 ONE_THREAD = 'parameters { key: "INFERENCE_NUM_THREADS" value { string_value: "1" } }\n'
-GOOD = ("add_sub", "mlp", "types", "padded", "fixed")
+GOOD = ("add_sub", "mlp", "types", "padded", "fixed", "strings")
 BROKEN = ("broken", "mismatch", "bad_param")
 WIDTH = 32
 
@@ -49,6 +49,7 @@ def repo(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("openvino") / "models"
     mo.add_sub(root / "add_sub")                  # no config.pbtxt: auto-complete
     mo.types(root / "types")                      # no config.pbtxt, no batch dimension
+    mo.strings(root / "strings")                  # no config.pbtxt, string tensors
     mo.mlp(root / "mlp", WIDTH)                   # static batch 1 in the file
     models.write_config(root / "mlp", (
         'backend: "openvino"\nmax_batch_size: 8\ndynamic_batching { }\n' + ONE_THREAD +
@@ -109,7 +110,8 @@ def infer(srv, model: str, inputs: dict[str, np.ndarray],
 
 
 def _datatype(arr: np.ndarray) -> str:
-    return {"float32": "FP32", "float16": "FP16", "int64": "INT64", "bool": "BOOL"}[arr.dtype.name]
+    return {"float32": "FP32", "float16": "FP16", "int64": "INT64", "bool": "BOOL",
+            "object": "BYTES"}[arr.dtype.name]
 
 
 def burst(srv, model: str, batches: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
@@ -200,6 +202,40 @@ def test_static_batch_padding(server, repo):
         "'ENABLE_BATCH_PADDING' parameter in model configuration to 'YES' at a performance cost.")
 
 
+def _upper(items: list[bytes]) -> list[bytes]:
+    """What the strings model computes: ASCII a-z upper-cased, every other byte kept."""
+    return [bytes(c - 32 if 97 <= c <= 122 else c for c in b) for b in items]
+
+
+def test_strings_auto_completed_and_dynamically_batched(server, repo, http):
+    """OpenVINO string tensors are BYTES (TYPE_STRING); four requests run as one batch."""
+    cfg = http.get_model_config("strings")
+    assert [(i["name"], i["data_type"], i["dims"]) for i in cfg["input"]] == \
+        [("TEXT", "TYPE_STRING", [2])]
+    assert [(o["name"], o["data_type"], o["dims"]) for o in cfg["output"]] == \
+        [("UPPER", "TYPE_STRING", [2]), ("LENGTH", "TYPE_INT32", [2])]
+    words = [["abc", "Déjà vu"], ["", "x" * 300], ["mIxEd 123", "ünï"], ["a b", "z"]]
+    batches = [{"TEXT": np.array([[w.encode() for w in pair]], dtype=object)} for pair in words]
+    path = repo / "strings" / "1" / "model.xml"
+    for got, b in zip(burst(server, "strings", batches), batches):
+        # OpenVINO in this process hands strings back decoded: encode them to compare.
+        want = mo.run(path, {"TEXT": b["TEXT"].astype(np.bytes_)})
+        assert got["UPPER"].tolist() == [[s.encode() for s in want["UPPER"][0]]]
+        np.testing.assert_array_equal(got["LENGTH"], want["LENGTH"])
+    assert batch_counts(http, "strings") == {4: 1}
+
+
+@pytest.mark.parametrize("protocol", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_string_bytes_exact(server, protocol):
+    """Bytes OpenVINO's own Python conversion loses (trailing NULs, invalid UTF-8) arrive
+    and return intact."""
+    items = [b"ab\x00", b"\x00\x00", b"\xff\xfeq", b"", b"tail\x00\x00", b"ok"]
+    x = np.array(items, dtype=object).reshape(3, 2)
+    got = infer(server, "strings", {"TEXT": x}, protocol)
+    assert got["UPPER"].reshape(-1).tolist() == _upper(items)
+    assert got["LENGTH"].tolist() == [[3, 2], [3, 0], [6, 2]]
+
+
 def test_bad_models_unavailable_beside_good(http):
     idx = {e["name"]: e for e in http.get_model_repository_index()}
     assert {n: idx[n]["state"] for n in (*GOOD, *BROKEN)} == \
@@ -244,6 +280,29 @@ def test_read_only_inputs_used_in_place(tmp_path):
     np.testing.assert_array_equal(out["OUTPUT1"], np.zeros((2, 16), np.float32))
     assert x.tobytes() == raw
     b.close()
+
+
+def test_strings_padded_to_a_static_batch(tmp_path):
+    mo.strings(tmp_path / "strings")
+    b = backend(tmp_path, "strings", 'max_batch_size: 4\n'
+                'parameters { key: "SKIP_OV_DYNAMIC_BATCHSIZE" value { string_value: "YES" } }\n'
+                'parameters { key: "ENABLE_BATCH_PADDING" value { string_value: "YES" } }\n')
+    x = np.array([[b"q\x00", b"Rs"]], dtype=object)
+    out = b.execute({"TEXT": x}, [])
+    assert out["UPPER"].tolist() == [[b"Q\x00", b"RS"]]
+    assert out["LENGTH"].tolist() == [[2, 2]]
+    b.close()
+
+
+def test_string_tensor_with_another_config_type_fails_the_load(tmp_path):
+    mo.strings(tmp_path / "strings")
+    with pytest.raises(TriremeError) as e:
+        backend(tmp_path, "strings", 'max_batch_size: 4\n'
+                'input [{ name: "TEXT", data_type: TYPE_FP32, dims: [2] }]\n'
+                'output [{ name: "UPPER", data_type: TYPE_STRING, dims: [2] }]\n', auto=False)
+    assert (e.value.code, e.value.message) == (
+        Code.INVALID_ARG, "unable to load model 'strings', configuration expects datatype "
+                          "TYPE_FP32 for input 'TEXT', model provides TYPE_STRING")
 
 
 def test_config_types_converted_without_auto_complete(tmp_path):

@@ -34,7 +34,7 @@ from tests.conftest import start_server, wait_settled  # noqa: E402
 ONE_CPU = "instance_group [{ kind: KIND_CPU, count: 1 }]\n"
 FP32_IN = ('input [{ name: "INPUT0", data_type: TYPE_FP32, dims: [16] },'
            ' { name: "INPUT1", data_type: TYPE_FP32, dims: [16] }]\n')
-GOOD = ("auto", "strings", "graphdef")
+GOOD = ("auto", "strings", "graphdef", "init_ops", "no_init_ops")
 BROKEN = ("broken", "bad_input")
 BROKEN_REASONS = {
     "broken": "unable to auto-complete model configuration for 'broken', failed to load model: "
@@ -69,6 +69,17 @@ def repo(tmp_path_factory):
         'output [{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [16] },'
         ' { name: "OUTPUT1", data_type: TYPE_FP32, dims: [16] }]\n'))
     models_tf.broken_savedmodel(root / "broken")
+    # TF_INIT_OPS_FILE: the version folder's file wins over the model folder's (whose
+    # operation does not exist, so using it would fail the load).
+    variable_io = ('input [{ name: "INPUT", data_type: TYPE_INT32, dims: [1] }]\n'
+                   'output [{ name: "OUTPUT", data_type: TYPE_INT32, dims: [1] }]\n')
+    for name, extra in (("init_ops", param("TF_INIT_OPS_FILE", "init_ops.json")),
+                        ("no_init_ops", "")):
+        models_tf.variable_graphdef(root / name)
+        models.write_config(root / name, f'platform: "tensorflow_graphdef"\n{ONE_CPU}'
+                            f'{variable_io}{extra}')
+    (root / "init_ops" / "1" / "init_ops.json").write_text('{"init_ops": ["init"]}')
+    (root / "init_ops" / "init_ops.json").write_text('{"init_ops": ["no_such_op"]}')
     return root, module, frozen
 
 
@@ -209,6 +220,27 @@ def test_graphdef_execution_error_is_500_and_model_keeps_serving(http):
     assert http.infer("graphdef", inputs).as_numpy("OUTPUT1").shape == (1, 16)
 
 
+# ---------------------------------------------------------------- TF_INIT_OPS_FILE
+def infer_variable(http, model: str) -> np.ndarray:
+    inp = httpclient.InferInput("INPUT", [1], "INT32")
+    inp.set_data_from_numpy(np.array([10], np.int32))
+    return http.infer(model, [inp]).as_numpy("OUTPUT")
+
+
+def test_init_ops_file_initializes_variables_at_load(http):
+    np.testing.assert_array_equal(infer_variable(http, "init_ops"), [17])   # 10 + VARIABLE (7)
+
+
+def test_without_init_ops_the_variable_is_uninitialized(http):
+    with pytest.raises(InferenceServerException) as ei:
+        infer_variable(http, "no_init_ops")
+    assert ei.value.status() == "500"
+    # the text Triton's own test (qa/L0_tf_parameters) expects
+    assert "Could not find variable VARIABLE. This could mean that the variable has been " \
+           "deleted. In TF1, it can also mean the variable is uninitialized." \
+           in ei.value.message()
+
+
 # ------------------------------------------------------------------ failures to load
 def test_models_that_fail_to_load_beside_good_ones(http, repo):
     idx = {e["name"]: e for e in http.get_model_repository_index()}
@@ -307,6 +339,64 @@ def test_outputs_default_to_the_configs(tmp_path):
     assert list(out) == ["OUTPUT1"]
     np.testing.assert_array_equal(out["OUTPUT1"], module.serve(a, b)["OUTPUT1"].numpy())
     backend.close()
+
+
+VARIABLE_IO = ('platform: "tensorflow_graphdef"\n'
+               'input [{ name: "INPUT", data_type: TYPE_INT32, dims: [1] }]\n'
+               'output [{ name: "OUTPUT", data_type: TYPE_INT32, dims: [1] }]\n')
+
+
+def test_init_ops_file_in_the_model_folder(tmp_path):
+    # Variables live in the process's resource manager: a name of its own for this test.
+    models_tf.variable_graphdef(tmp_path / "m", value=-4, variable="MODEL_FOLDER_VARIABLE")
+    (tmp_path / "m" / "ops.json").write_text('{"init_ops": ["init"]}')
+    b = load_backend(tmp_path, "m", VARIABLE_IO + param("TF_INIT_OPS_FILE", "ops.json"))
+    out = b.execute({"INPUT": np.array([10], np.int32)}, [])
+    np.testing.assert_array_equal(out["OUTPUT"], [6])
+    b.close()
+
+
+@pytest.mark.parametrize("content,message", [
+    (None, "unable to load model 'm': TF_INIT_OPS_FILE 'ops.json' is neither in "
+           "'{root}/m/1' nor in '{root}/m'"),
+    ('{"init_ops": "init"}', "unable to load model 'm': TF_INIT_OPS_FILE '{root}/m/1/ops.json' "
+                             "must hold an object with 'init_ops', a list of operation names"),
+    ('{"init_ops": ["nope"]}', "unable to load model 'm': initialization operation 'nope' is "
+                               "not in the graph"),
+])
+def test_init_ops_file_errors(tmp_path, content, message):
+    models_tf.variable_graphdef(tmp_path / "m", variable="ERRORS_VARIABLE")
+    if content is not None:
+        (tmp_path / "m" / "1" / "ops.json").write_text(content)
+    e = load_error(tmp_path, "m", VARIABLE_IO + param("TF_INIT_OPS_FILE", "ops.json"))
+    assert (e.code, e.message) == (Code.INVALID_ARG, message.format(root=tmp_path))
+
+
+def test_init_ops_file_unparsable_json(tmp_path):
+    models_tf.variable_graphdef(tmp_path / "m", variable="JSON_VARIABLE")
+    (tmp_path / "m" / "1" / "ops.json").write_text("{init_ops: [")
+    e = load_error(tmp_path, "m", VARIABLE_IO + param("TF_INIT_OPS_FILE", "ops.json"))
+    assert e.message.startswith(f"unable to load model 'm': failed to read TF_INIT_OPS_FILE "
+                                f"'{tmp_path}/m/1/ops.json': Expecting property name")
+
+
+def test_init_ops_file_with_a_tf1_savedmodel(tmp_path):
+    models_tf.tf1_savedmodel(tmp_path / "m", variable="TF1_LOCAL")
+    (tmp_path / "m" / "1" / "ops.json").write_text('{"init_ops": ["init"]}')
+    b = load_backend(tmp_path, "m", param("TF_INIT_OPS_FILE", "ops.json"))
+    assert b.config.max_batch_size == 4   # auto-completed from the signature as usual
+    out = b.execute({"INPUT": np.array([[1], [2]], np.int32)}, [])
+    np.testing.assert_array_equal(out["OUTPUT"], [[6], [7]])
+    b.close()
+
+
+def test_init_ops_file_with_a_tf2_savedmodel(tmp_path):
+    models_tf.savedmodel(tmp_path / "m")
+    (tmp_path / "m" / "ops.json").write_text('{"init_ops": ["init"]}')
+    e = load_error(tmp_path, "m", param("TF_INIT_OPS_FILE", "ops.json"))
+    assert e.message == ("unable to load model 'm': TF_INIT_OPS_FILE needs a graph whose "
+                         "operations can be run by name (a GraphDef or a TensorFlow 1 "
+                         "SavedModel); a TensorFlow 2 SavedModel initializes itself when it loads")
 
 
 def test_kind_gpu_without_a_gpu_fails_the_load(tmp_path):

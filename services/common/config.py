@@ -316,6 +316,48 @@ def complete_io(cfg: mc.ModelConfig, inputs: Sequence[TensorSpec], outputs: Sequ
 
 
 # ---------------------------------------------------------------------------- validate
+def _element_count(shape: Sequence[int]) -> int:
+    """Triton's GetElementCount: -1 with a variable dimension, 0 for an empty shape."""
+    if any(d == -1 for d in shape):
+        return -1
+    n = 0
+    for i, d in enumerate(shape):
+        n = d if i == 0 else n * d
+    return n
+
+
+def _chunks(shape: Sequence[int]) -> list[int]:
+    """Element counts of the runs of fixed dimensions between variable ones."""
+    out, n = [], 1
+    for d in shape:
+        if d == -1:
+            out.append(n)
+            n = 1
+        else:
+            n *= d
+    return [*out, n]
+
+
+def _validate_reshape(io, pre: str, model: str) -> None:
+    """ValidateIOShape's reshape rules: the client's dims and the model's reshape hold the
+    same elements (an empty reshape, a scalar per item, goes with dims of one element), and
+    variable dimensions split both into runs of equal size."""
+    reshape = list(io.reshape.shape)
+    if any(d < 1 and d != -1 for d in reshape):
+        raise _err(f"{pre}reshape dimensions must be integer >= 1, or -1 to indicate a "
+                   f"variable-size dimension for {model}")
+    dims_size, reshape_size = _element_count(io.dims), _element_count(reshape)
+    if dims_size != reshape_size and (reshape_size != 0 or dims_size != 1):
+        raise _err(f"{pre}has different size for dims and reshape for {model}")
+    if dims_size == -1:
+        a, b = _chunks(io.dims), _chunks(reshape)
+        if len(a) != len(b):
+            raise _err(f"{pre}has different number of variable-size dimensions for dims and "
+                       f"reshape for {model}")
+        if a != b:
+            raise _err(f"{pre}has different size for dims and reshape for {model}")
+
+
 def _validate_io(io, kind: str, cfg: mc.ModelConfig) -> None:
     pre = f"model {kind} "
     if not io.name:
@@ -332,6 +374,8 @@ def _validate_io(io, kind: str, cfg: mc.ModelConfig) -> None:
         if d < 1 and d != -1:
             raise _err(f"{pre}dimension must be integer >= 1, or -1 to indicate a "
                        f"variable-size dimension for {cfg.name}")
+    if io.HasField("reshape"):
+        _validate_reshape(io, pre, cfg.name)
     if io.is_shape_tensor and cfg.platform != TRT_PLAN:
         raise _err(f"shape tensors are only supported for TensorRT platform for {cfg.name}")
 

@@ -11,6 +11,7 @@ from typing import Protocol
 import numpy as np
 
 from services.common.errors import Code, TriremeError
+from services.workers.reshape import Reshape
 
 # backend name -> (module, the extra that installs its framework)
 BACKENDS: dict[str, tuple[str, str]] = {
@@ -26,6 +27,10 @@ BACKENDS: dict[str, tuple[str, str]] = {
 class Backend(Protocol):
     config: object
     """The completed inference.ModelConfig (auto-complete runs here, where the framework is)."""
+
+    reshape: Reshape | None
+    """The config's reshapes, set by create_backend: the worker applies them around every
+    backend (inputs reach ``execute`` in ``reshape.shape``, outputs leave in ``dims``)."""
 
     def execute(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
         """Run one (possibly batched) execution; ``outputs`` empty means every output."""
@@ -47,6 +52,9 @@ def create_backend(cfg, load) -> Backend:
         raise TriremeError(Code.INVALID_ARG, f"unknown backend '{name}'")
     module_name, extra = entry
     try:
-        return importlib.import_module(module_name).BACKEND(cfg, load)
+        backend = importlib.import_module(module_name).BACKEND(cfg, load)
     except ImportError as e:
         raise _missing(name, extra, e) from e
+    # From the completed config: auto-complete may add tensors (and keeps a user's reshape).
+    backend.reshape = Reshape.of(backend.config)
+    return backend

@@ -141,6 +141,8 @@ class Worker:
         replies: dict[str, tuple[list[m.InferResult], list[Any]]] = {}
         try:
             per_item = [{r.name: self._array(r, frames) for r in it.inputs} for it in items]
+            if self.backend.reshape is not None:   # config reshape: the model sees reshape.shape
+                per_item = [self.backend.reshape.inputs_for_model(p) for p in per_item]
             if self.per_request:
                 failed = self._run_requests(items, per_item, replies, times)
             else:
@@ -234,6 +236,8 @@ class Worker:
                     final: bool = True, empty: bool = False) -> None:
         # Every output is converted before any block is taken: a conversion error leaves
         # nothing allocated and nothing half-added to ``replies``.
+        if self.backend.reshape is not None:   # config reshape: clients see dims
+            outputs = self.backend.reshape.outputs_for_client(outputs)
         wire = [(name, list(arr.shape), *_to_wire(arr)) for name, arr in outputs]
         results, frames = replies.setdefault(item.reply_to, ([], []))
         refs: list[m.TensorRef] = []

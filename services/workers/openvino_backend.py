@@ -6,28 +6,33 @@ one infer request per instance. Differs where noted: with max_batch_size > 0 the
 dimension is made dynamic (Triton fixes it at max_batch_size and refuses smaller batches unless
 padding is on; SKIP_OV_DYNAMIC_BATCHSIZE=YES keeps that behaviour), and auto-complete uses the
 shared rules of complete_io (a dynamic first dimension means batching) instead of layouts.
+String tensors (ov.Type.string) are served as BYTES, which Triton's OpenVINO backend does not do.
 """
 from __future__ import annotations
 
 import numpy as np
 import openvino as ov
+import openvino.opset15 as ops15   # StringTensorPack / StringTensorUnpack
 from openvino.preprocess import PrePostProcessor
 
 from protos import model_config_pb2 as mc
 from services.common.config import complete_io
-from services.common.datatypes import config_to_api, numpy_dtype
+from services.common.datatypes import api_to_config, config_to_api, numpy_dtype
 from services.common.errors import Code, TriremeError
 from services.common.repository import model_file
 
-# OpenVINO element type name -> API datatype. Triton's set, plus FP64 and BF16, which the CPU
-# plugin runs too. (String tensors are left out: OpenVINO's Python API returns them as numpy
-# fixed-width bytes, which drops trailing NUL bytes.)
+# OpenVINO element type name -> API datatype. Triton's set, plus FP64, BF16 and strings, which
+# the CPU plugin runs too.
 _TYPES = {
     "boolean": "BOOL", "u8": "UINT8", "u16": "UINT16", "u32": "UINT32", "u64": "UINT64",
     "i8": "INT8", "i16": "INT16", "i32": "INT32", "i64": "INT64",
-    "f16": "FP16", "f32": "FP32", "f64": "FP64", "bf16": "BF16",
+    "f16": "FP16", "f32": "FP32", "f64": "FP64", "bf16": "BF16", "string": "BYTES",
 }
 _OV_TYPES = {api: getattr(ov.Type, name) for name, api in _TYPES.items()}
+# A string tensor crosses the Python boundary as three plain tensors (StringTensorPack's
+# inputs, StringTensorUnpack's outputs): OpenVINO's own string conversion goes through
+# numpy's fixed-width bytes, which drop trailing NUL bytes, and decodes outputs as UTF-8.
+_PARTS = (":begins", ":ends", ":symbols")
 
 
 def _err(msg: str) -> TriremeError:
@@ -137,6 +142,58 @@ def _specs(ports, batch: int) -> list[tuple[str, str, list[int]]]:
     return out
 
 
+def _string_io(model: ov.Model) -> tuple[set[str], set[str]]:
+    """Rewrites, in place, each string input into three (begins, ends, symbols) feeding a
+    StringTensorPack, and each string output into the three outputs of a
+    StringTensorUnpack; the new tensors are named "<name>:begins" etc. Returns the names
+    of the string inputs and outputs (every name each one has)."""
+    string = ov.Type.string
+    outs: set[str] = set()
+    # Outputs first: a string input returned as it is keeps the output's names.
+    for result in [r for r in model.get_results() if r.get_element_type() == string]:
+        names = result.output(0).get_names()
+        unpack = ops15.string_tensor_unpack(result.input_value(0))
+        parts = []
+        for i, suffix in enumerate(_PARTS):
+            unpack.output(i).get_tensor().set_names({n + suffix for n in names})
+            parts.append(ops15.result(unpack.output(i)))
+        model.remove_result(result)
+        model.add_results(parts)
+        outs |= names
+    ins: set[str] = set()
+    for param in [p for p in model.get_parameters() if p.get_element_type() == string]:
+        names, shape = param.output(0).get_names(), param.get_partial_shape()
+        parts = [ops15.parameter(shape, ov.Type.i32), ops15.parameter(shape, ov.Type.i32),
+                 ops15.parameter([-1], ov.Type.u8)]
+        for part, suffix in zip(parts, _PARTS):
+            part.output(0).get_tensor().set_names({n + suffix for n in names})
+        pack = ops15.string_tensor_pack(*(part.output(0) for part in parts))
+        for target in list(param.output(0).get_target_inputs()):
+            target.replace_source_output(pack.output(0))
+        model.remove_parameter(param)
+        model.add_parameters(parts)
+        ins |= names
+    if ins or outs:
+        model.validate_nodes_and_infer_types()
+    return ins, outs
+
+
+def _pack(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A BYTES array as (begins, ends, symbols): offsets into one buffer of every element."""
+    items = [v.encode() if isinstance(v, str) else v for v in arr.ravel().tolist()]
+    lengths = np.fromiter(map(len, items), np.int32, len(items))
+    ends = np.cumsum(lengths, dtype=np.int32)
+    symbols = np.frombuffer(b"".join(items), np.uint8)
+    return (ends - lengths).reshape(arr.shape), ends.reshape(arr.shape), symbols
+
+
+def _unpack(begins: np.ndarray, ends: np.ndarray, symbols: np.ndarray) -> np.ndarray:
+    buf = symbols.tobytes()
+    out = np.empty(begins.shape, dtype=object)
+    out.reshape(-1)[:] = [buf[b:e] for b, e in zip(begins.ravel().tolist(), ends.ravel().tolist())]
+    return out
+
+
 def _match_config(model: ov.Model, cfg) -> ov.Model:
     """Triton's ValidateInputs/ValidateOutputs: the config names every input, each configured
     tensor exists, and its configured data type becomes the tensor type (OpenVINO inserts the
@@ -160,6 +217,10 @@ def _match_config(model: ov.Model, cfg) -> ov.Model:
                 raise _err(f"unsupported datatype {config_type} for {kind} '{io.name}' for model "
                            f"'{cfg.name}'")
             if port.get_element_type() != want:
+                if ov.Type.string in (want, port.get_element_type()):   # no conversion exists
+                    raise _err(f"unable to load model '{cfg.name}', configuration expects "
+                               f"datatype {config_type} for {kind} '{io.name}', model provides "
+                               f"{api_to_config(_TYPES[port.get_element_type().get_type_name()])}")
                 side(io.name).tensor().set_element_type(want)
                 changed = True
     if not changed:
@@ -199,6 +260,7 @@ class OpenVINOBackend:
         if self.config.max_batch_size != cfg.max_batch_size:   # auto-complete turned batching on
             _reshape(model, self.config, static, reshape_io)
         model = _match_config(model, self.config)
+        string_in, string_out = _string_io(model)
         try:
             compiled = core.compile_model(model, "CPU", props)
         except RuntimeError as e:
@@ -206,10 +268,16 @@ class OpenVINOBackend:
         # One request: a worker runs one batch at a time (Triton: one per instance too).
         self.request = compiled.create_infer_request()
         # By the config's names (a port may have several): they are what requests use.
-        self._inputs = {io.name: compiled.input(io.name) for io in self.config.input}
-        self._outputs = {io.name: compiled.output(io.name) for io in self.config.output}
+        # A string tensor's entry is its three parts.
+        self._inputs = {io.name: tuple(compiled.input(io.name + s) for s in _PARTS)
+                        if io.name in string_in else compiled.input(io.name)
+                        for io in self.config.input}
+        self._outputs = {io.name: tuple(compiled.output(io.name + s) for s in _PARTS)
+                         if io.name in string_out else compiled.output(io.name)
+                         for io in self.config.output}
         self._dtypes = {name: numpy_dtype(_TYPES[p.get_element_type().get_type_name()])
-                        for name, p in (*self._inputs.items(), *self._outputs.items())}
+                        for name, p in (*self._inputs.items(), *self._outputs.items())
+                        if not isinstance(p, tuple)}
         self._static_batch = self.config.max_batch_size if static else 0
 
     def execute(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
@@ -221,7 +289,8 @@ class OpenVINOBackend:
                     "error can be avoided by setting 'ENABLE_BATCH_PADDING' parameter in model "
                     "configuration to 'YES' at a performance cost."))
             pad = self._static_batch - n
-            inputs = {k: np.concatenate([v, np.zeros((pad, *v.shape[1:]), v.dtype)])
+            inputs = {k: np.concatenate([v, np.full((pad, *v.shape[1:]),
+                                                    b"" if v.dtype == object else 0, v.dtype)])
                       for k, v in inputs.items()}
         # Every input is set on every run: the request keeps only raw pointers to the last
         # run's buffers, which may be gone by now.
@@ -231,31 +300,41 @@ class OpenVINOBackend:
         tensors = []   # ... and does not keep them alive: held here until the run ends
         for name, arr in inputs.items():
             port = self._inputs[name]
-            if arr.dtype != self._dtypes[name]:
+            if isinstance(port, tuple):   # a string tensor: its three parts
+                pairs = list(zip(port, _pack(arr)))
+            elif arr.dtype != self._dtypes[name]:
                 raise TriremeError(Code.INTERNAL, f"input '{name}' is {arr.dtype}, the compiled "
                                                   f"model expects {self._dtypes[name]}")
-            # Zero copy, read-only views on shared memory included: the CPU plugin reads the
-            # caller's buffer in place only when no node would write to it, and copies
-            # otherwise (intel_cpu SyncInferRequest::change_default_ptr). This constructor
-            # takes the shape as given, so the array must be exactly it (checked above).
-            arr = np.ascontiguousarray(arr)
-            raw = arr.reshape(-1).view(np.uint8)   # (any dtype, bf16 included, as bytes)
-            tensors.append(ov.Tensor(raw, arr.shape, port.get_element_type()))
-            try:
-                self.request.set_tensor(port, tensors[-1])
-            except RuntimeError as e:
-                raise _ov_error(Code.INTERNAL, "setting tensor data", e) from e
+            else:
+                pairs = [(port, arr)]
+            for port, arr in pairs:
+                # Zero copy, read-only views on shared memory included: the CPU plugin reads
+                # the caller's buffer in place only when no node would write to it, and copies
+                # otherwise (intel_cpu SyncInferRequest::change_default_ptr). This constructor
+                # takes the shape as given, so the array must be exactly it (checked above).
+                arr = np.ascontiguousarray(arr)
+                raw = arr.reshape(-1).view(np.uint8)   # (any dtype, bf16 included, as bytes)
+                tensors.append(ov.Tensor(raw, arr.shape, port.get_element_type()))
+                try:
+                    self.request.set_tensor(port, tensors[-1])
+                except RuntimeError as e:
+                    raise _ov_error(Code.INTERNAL, "setting tensor data", e) from e
         try:
             self.request.infer()
         except RuntimeError as e:
             raise _ov_error(Code.INTERNAL, "running inference", e) from e
         results = {}
         for name in outputs or self._outputs:
-            data = self.request.get_tensor(self._outputs[name]).data
-            # A copy: the request reuses its output buffers on the next run, and an output
-            # may even alias an input (an identity). One copy of what was asked for costs
-            # less than a fresh request per run. view(): OpenVINO labels bf16 as float16.
-            out = data.view(self._dtypes[name]).copy()
+            port = self._outputs[name]
+            if isinstance(port, tuple):   # a string tensor: bytes objects, copied out
+                out = _unpack(*(self.request.get_tensor(p).data for p in port))
+            else:
+                data = self.request.get_tensor(port).data
+                # A copy: the request reuses its output buffers on the next run, and an
+                # output may even alias an input (an identity). One copy of what was asked
+                # for costs less than a fresh request per run. view(): OpenVINO labels bf16
+                # as float16.
+                out = data.view(self._dtypes[name]).copy()
             results[name] = out[:n] if n else out
         return results
 

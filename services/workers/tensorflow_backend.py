@@ -9,9 +9,11 @@ TRITONTF_ModelCreateFromSavedModel / FromGraphDef); error texts are Triton's whe
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
+from pathlib import Path
 
 # TensorFlow's C++ runtime logs at INFO/WARNING from its first import on; a worker's log
 # should hold our lines. setdefault: TF_CPP_MIN_LOG_LEVEL=0 in the environment still works.
@@ -67,6 +69,45 @@ def _datatype(dtype, kind: str, key: str, model: str) -> str:
         name = types_pb2.DataType.Name(dtype.as_datatype_enum)
         raise _err(f"unable to process {kind} '{key}' for '{model}', unsupported datatype '{name}'")
     return datatype
+
+
+def _init_ops(cfg, model_dir: str, version: int) -> list[str]:
+    """TF_INIT_OPS_FILE (Triton's tensorflow backend): a JSON file {"init_ops": [names]} in the
+    version folder or, failing that, the model folder; the named operations run once after the
+    model loads (e.g. tf.compat.v1.global_variables_initializer, named "init")."""
+    filename = _param(cfg, "TF_INIT_OPS_FILE")
+    if not filename:
+        return []
+    folders = (Path(model_dir) / str(version), Path(model_dir))
+    path = next((f / filename for f in folders if (f / filename).is_file()), None)
+    if path is None:
+        raise _err(f"unable to load model '{cfg.name}': TF_INIT_OPS_FILE '{filename}' is neither "
+                   f"in '{folders[0]}' nor in '{folders[1]}'")
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise _err(f"unable to load model '{cfg.name}': failed to read TF_INIT_OPS_FILE "
+                   f"'{path}': {e}") from e
+    ops = doc.get("init_ops") if isinstance(doc, dict) else None
+    if not isinstance(ops, list) or not all(isinstance(op, str) for op in ops):
+        raise _err(f"unable to load model '{cfg.name}': TF_INIT_OPS_FILE '{path}' must hold an "
+                   "object with 'init_ops', a list of operation names")
+    return ops
+
+
+def _run_init_ops(name: str, graph, prune, ops: list[str]) -> None:
+    """Run each initialization operation of a graph once, in order, before serving."""
+    for op in ops:
+        try:
+            target = graph.get_operation_by_name(op)
+        except (KeyError, ValueError):
+            raise _err(f"unable to load model '{name}': initialization operation '{op}' is not "
+                       "in the graph") from None
+        try:
+            prune(feeds=[], fetches=[target])()
+        except tf.errors.OpError as e:
+            raise _err(f"unable to load model '{name}': initialization operation '{op}' "
+                       f"failed: {_op_error_text(e)}") from e
 
 
 def _setup_runtime(cfg, kind: str) -> str | None:
@@ -145,13 +186,24 @@ class _SavedModel:
                 if shape.rank is not None:
                     dims = [-1 if d is None else int(d) for d in shape]
                 elif key in given and given[key].dims:
-                    dims = batch + list(given[key].dims)
+                    io = given[key]   # the model sees the reshape when there is one (Triton)
+                    dims = batch + list(io.reshape.shape if io.HasField("reshape") else io.dims)
                 else:
                     raise _err(f"Unable to autofill for '{cfg.name}': the rank of model "
                                f"tensor '{key}' is 0 which is not supported")
                 triples[kind].append((key, datatype, dims))
         completed = complete_io(cfg, triples["input"], triples["output"])
         return completed if autocomplete else cfg
+
+    def initialize(self, name: str, ops: list[str]) -> None:
+        # A TF1 SavedModel loads as a wrapped graph, whose operations can be run by name; a
+        # TF2 one restores its own state and has no such graph.
+        graph, prune = getattr(self._loaded, "graph", None), getattr(self._loaded, "prune", None)
+        if graph is None or prune is None:
+            raise _err(f"unable to load model '{name}': TF_INIT_OPS_FILE needs a graph whose "
+                       "operations can be run by name (a GraphDef or a TensorFlow 1 SavedModel); "
+                       "a TensorFlow 2 SavedModel initializes itself when it loads")
+        _run_init_ops(name, graph, prune, ops)
 
     def run(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, tf.Tensor]:
         # convert_to_tensor copies: TF never aliases (read-only) shared memory.
@@ -205,6 +257,9 @@ class _GraphDef:
                                f"{mc.DataType.Name(io.data_type)} for {kind} '{io.name}', model "
                                f"provides {api_to_config(have)}")
 
+    def initialize(self, name: str, ops: list[str]) -> None:
+        _run_init_ops(name, self._wrapped.graph, self._wrapped.prune, ops)
+
     def run(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, tf.Tensor]:
         feeds, fetches = tuple(inputs), tuple(outputs)
         fn = self._pruned.get((feeds, fetches))
@@ -227,6 +282,7 @@ def _op_error_text(e: tf.errors.OpError) -> str:
 class TensorFlowBackend:
     def __init__(self, cfg, load) -> None:
         path = model_file(cfg, load.model_dir, load.version)
+        init_ops = _init_ops(cfg, load.model_dir, load.version)
         self.device = _setup_runtime(cfg, load.kind)
         self.name = cfg.name
         with self._on_device():   # variables and constants land where the instance runs
@@ -237,6 +293,8 @@ class TensorFlowBackend:
             else:
                 self.model = _SavedModel(cfg, path, load.autocomplete)
                 self.config = self.model.complete(cfg, load.autocomplete)
+            if init_ops:
+                self.model.initialize(cfg.name, init_ops)
         # No outputs asked for means the config's outputs (Triton), not all the model has.
         self.output_names = [io.name for io in self.config.output]
 
