@@ -1,5 +1,6 @@
 """The pieces run alone, as in separate containers: `trireme scheduler` and `trireme frontend`
-joined by tcp:// addresses, with shared memory off (every tensor inline)."""
+joined by TCP addresses (tcp:// is ZeroMQ, stream:// plain framed sockets), with shared memory
+off (every tensor inline)."""
 from __future__ import annotations
 
 import signal
@@ -11,26 +12,30 @@ import psutil
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+import pytest
+
 import models
 from conftest import ROOT, _get, free_port, shm_segments, wait_until
 
 
-def test_scheduler_and_frontend_over_tcp_without_shm(tmp_path):
+@pytest.mark.parametrize("wire", ["tcp", "stream"])
+def test_scheduler_and_frontend_over_tcp_without_shm(tmp_path, wire):
     repo = tmp_path / "models"
     models.identity(repo / "identity_fp32", "fp32")
     models.write_config(repo / "identity_fp32", "max_batch_size: 8\n"
                         "instance_group [{ kind: KIND_CPU, count: 1 }]\n")
     fport, wport, rport, http, grpc_, metrics = (free_port() for _ in range(6))
     log = open(tmp_path / "pieces.log", "wb")
+    # The frontend starts first: it keeps trying until the scheduler is there.
+    front = subprocess.Popen(
+        [sys.executable, "-m", "services.cli", "frontend", "--scheduler", f"{wire}://127.0.0.1:{fport}",
+         "--result-addr", f"{wire}://127.0.0.1:{rport}", "--http-port", str(http),
+         "--grpc-port", str(grpc_), "--host", "127.0.0.1", "--no-shm"],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     sched = subprocess.Popen(
         [sys.executable, "-m", "services.cli", "scheduler", "--model-repository", str(repo),
-         "--frontend-addr", f"tcp://127.0.0.1:{fport}", "--worker-addr", f"tcp://127.0.0.1:{wport}",
+         "--frontend-addr", f"{wire}://127.0.0.1:{fport}", "--worker-addr", f"{wire}://127.0.0.1:{wport}",
          "--metrics-port", str(metrics), "--host", "127.0.0.1", "--no-shm"],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    front = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "frontend", "--scheduler", f"tcp://127.0.0.1:{fport}",
-         "--result-addr", f"tcp://127.0.0.1:{rport}", "--http-port", str(http),
-         "--grpc-port", str(grpc_), "--host", "127.0.0.1", "--no-shm"],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     pids = {sched.pid, front.pid}
     try:
