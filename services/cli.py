@@ -125,7 +125,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                          "--http-max-input-size", str(args.http_max_input_size),
                          "--server-name", args.server_name,
                          "--inline-threshold", str(args.inline_threshold),
-                         "--grpc-impl", args.grpc_impl,
+                         "--grpc-impl", args.grpc_impl, "--http-impl", args.http_impl,
                          *(["--no-shm"] if args.no_shm else [])])
         return _asyncio_run(_run_scheduler(settings, cmds, args.exit_timeout_secs))
     finally:

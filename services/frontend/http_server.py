@@ -1,14 +1,19 @@
-"""The HTTP adapter: Triton's HTTP/REST API (KServe v2 + Triton extensions) over aiohttp.
+"""The HTTP adapter: Triton's HTTP/REST API (KServe v2 + Triton extensions).
 
 Thin by design: each handler reads the request, converts it with http_codec into the
 internal types, calls the one data plane object (`dp`) and converts the answer back. No
 model logic here. Routing follows Triton's src/http_server.cc (HTTPAPIServer::Handle and
 its regexes); the error -> HTTP status mapping is the one table below.
 
-Our own dispatch behind aiohttp's low-level server (no aiohttp router or Application
-object per request): the exact paths are a dict lookup, model paths one precompiled regex,
+Handlers see a small request shape (method, path, query, case-insensitive headers,
+`await read()` for the whole decompressed body; see http_message) and answer a Reply. Two
+servers carry them: the native HTTP/1.1 server (http1, the default) and aiohttp's low-level
+server (--http-impl aiohttp), each adapting its own request and response objects, so
+routes, texts and codes are the same on both.
+
+Our own dispatch: the exact paths are a dict lookup, model paths one precompiled regex,
 and unknown paths / wrong methods answer Triton's JSON bodies {"error": "Not Found"} (404)
-and {"error": "Method Not Allowed"} (405). `make_app` wraps the same dispatch in a
+and {"error": "Method Not Allowed"} (405). `make_app` wraps the same dispatch in an aiohttp
 web.Application (one catch-all route) for callers that want one.
 """
 
@@ -24,6 +29,7 @@ from aiohttp import HttpVersion11, web
 from ..common.errors import Code, TriremeError, invalid_arg
 from . import http_codec as codec
 from . import stats_codec
+from .http_message import BodyError, BodyTooLarge, Reply
 from .settings import FrontendSettings
 
 __all__ = ["make_app", "make_server", "make_runner", "start_http", "http_status"]
@@ -59,73 +65,19 @@ _MODEL_RE = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?"
 _REPOSITORY_RE = re.compile(r"/v2/repository(?:/([^/]+))?/(index|models/([^/]+)/(load|unload))")
 
 
-def _json_response(payload: bytes, status: int = 200) -> web.Response:
-    return web.Response(body=payload, status=status, headers={"Content-Type": _JSON})
+def _json_reply(payload: bytes, status: int = 200) -> Reply:
+    return Reply(status, payload, _JSON)
 
 
-def _error_response(status: int, message: str, headers: dict | None = None) -> web.Response:
-    hdrs = {"Content-Type": _JSON}
-    if headers:
-        hdrs.update(headers)
-    return web.Response(body=codec.error_body(message), status=status, headers=hdrs)
+def _error_reply(status: int, message: str, headers: dict | None = None) -> Reply:
+    return Reply(status, codec.error_body(message), _JSON, headers)
 
 
-def _not_allowed() -> web.Response:
-    return _error_response(405, "Method Not Allowed")
-
-
-def _not_found() -> web.Response:
-    return _error_response(404, "Not Found")
-
-
-class _BrokenBody(Exception):
-    """The body could not be read (bad gzip/deflate data, broken chunking): 400, and the
-    connection closes since the rest of the body cannot be skipped."""
-
-
-async def _read_body(request: web.BaseRequest, limit: int, kind: str,
-                     encoded: bool) -> bytes:
-    """The whole (already decompressed) body, refused past `limit` bytes.
-
-    aiohttp decompresses gzip/deflate bodies while streaming them, so the limit applies to
-    the decompressed size, as in Triton. aiohttp's own check (client_max_size) would answer
-    413 with a text body; Triton answers 400 with a JSON error, so we count here and raise
-    INVALID_ARG (-> 400) with Triton's wording. A Content-Length over the limit is refused
-    before anything is read. One chunk -> returned as is; several -> one join. `encoded`:
-    the request has a Content-Encoding."""
-    declared = request.content_length
-    if declared is not None and not encoded:
-        if declared > limit:
-            raise invalid_arg(codec.size_limit_message(kind, declared, limit))
-        if declared == 0:
-            return b""
-    content = request.content
-    if declared is None or declared > 65536:
-        set_chunk = getattr(content, "set_read_chunk_size", None)
-        if set_chunk is not None:
-            set_chunk(min(limit, declared or limit))  # fewer pause/resume cycles, big bodies
-    try:
-        return await _read_chunks(content, declared, encoded, limit, kind)
-    except web.RequestPayloadError as e:
-        detail = str(e).strip().splitlines()[-1].strip()  # "400, message:\n  <text>"
-        raise _BrokenBody(f"failed to read the request body: {detail}") from None
-
-
-async def _read_chunks(content: Any, declared: int | None, encoded: bool, limit: int,
-                       kind: str) -> bytes:
-    first = await content.readany()
-    if (declared is not None and not encoded and len(first) == declared) or not first:
-        return first
-    parts, total = [first], len(first)
-    while True:
-        if total > limit:
-            raise invalid_arg(codec.size_limit_message(
-                kind, None if encoded or declared is None else declared, limit))
-        chunk = await content.readany()
-        if not chunk:
-            return b"".join(parts)
-        parts.append(chunk)
-        total += len(chunk)
+# Replies are never changed once built: the fixed ones are shared.
+_NOT_ALLOWED = _error_reply(405, "Method Not Allowed")
+_NOT_FOUND = _error_reply(404, "Not Found")
+_OK = Reply(200)
+_NOT_LIVE = Reply(400)
 
 
 def _version(v: str | None) -> str:
@@ -152,14 +104,7 @@ class _Handlers:
             "infer": self.infer,
         }
 
-    async def serve(self, request: web.BaseRequest) -> web.StreamResponse:
-        """The low-level server's handler: first what web.Application does for a route
-        (answer an Expect header), then our dispatch."""
-        if request.headers.get("Expect"):
-            await _expect(request)
-        return await self.dispatch(request)
-
-    async def dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def dispatch(self, request: Any) -> Reply:
         path = request.path
         try:
             if path.endswith("/infer") and path.startswith("/v2/models/"):
@@ -180,74 +125,77 @@ class _Handlers:
                 if m is not None:
                     return await self.repository(request, m.group(1), m.group(3),
                                                  m.group(4))
-            return _not_found()
+            return _NOT_FOUND
         except TriremeError as e:
-            return _error_response(http_status(e.code), e.message)
-        except _BrokenBody as e:
-            resp = _error_response(400, str(e))
-            resp.force_close()
-            return resp
+            return _error_reply(http_status(e.code), e.message)
+        except BodyError as e:
+            # The rest of the body cannot be skipped: 400, and the connection closes.
+            return Reply(400, codec.error_body(f"failed to read the request body: {e}"),
+                         _JSON, close=True)
         except Exception as e:  # noqa: BLE001 - one final answer for every request
             log.exception("HTTP %s %s failed", request.method, path)
-            return _error_response(500, f"internal error: {type(e).__name__}: {e}")
+            return _error_reply(500, f"internal error: {type(e).__name__}: {e}")
+
+    async def _body(self, request: Any, kind: str) -> Any:
+        """The whole (decompressed) body; over --http-max-input-size: Triton's 400 text.
+        `kind` names the body in that text ("Request JSON", "Raw request", "Request")."""
+        try:
+            return await request.read()
+        except BodyTooLarge as e:
+            raise invalid_arg(codec.size_limit_message(kind, e.size, self.limit)) from None
 
     # ---- health and metadata ------------------------------------------------------------
-    async def health_live(self, request: web.BaseRequest) -> web.Response:
+    async def health_live(self, request: Any) -> Reply:
         if request.method != "GET":
-            return _not_allowed()
-        return web.Response(status=200 if self.dp.live() else 400)
+            return _NOT_ALLOWED
+        return _OK if self.dp.live() else _NOT_LIVE
 
-    async def health_ready(self, request: web.BaseRequest) -> web.Response:
+    async def health_ready(self, request: Any) -> Reply:
         if request.method != "GET":
-            return _not_allowed()
-        return web.Response(status=200 if self.dp.ready() else 400)
+            return _NOT_ALLOWED
+        return _OK if self.dp.ready() else _NOT_LIVE
 
-    async def server_metadata(self, request: web.BaseRequest) -> web.Response:
+    async def server_metadata(self, request: Any) -> Reply:
         if request.method != "GET":
-            return _not_allowed()
-        return _json_response(codec.encode_json(self.dp.server_metadata()))
+            return _NOT_ALLOWED
+        return _json_reply(codec.encode_json(self.dp.server_metadata()))
 
-    async def model_metadata(self, request: web.BaseRequest, model: str,
-                             version: str) -> web.Response:
+    async def model_metadata(self, request: Any, model: str, version: str) -> Reply:
         if request.method != "GET":
-            return _not_allowed()
-        return _json_response(codec.encode_json(await self.dp.model_metadata(model, version)))
+            return _NOT_ALLOWED
+        return _json_reply(codec.encode_json(await self.dp.model_metadata(model, version)))
 
-    async def model_ready(self, request: web.BaseRequest, model: str,
-                          version: str) -> web.Response:
+    async def model_ready(self, request: Any, model: str, version: str) -> Reply:
         if request.method != "GET":
-            return _not_allowed()
+            return _NOT_ALLOWED
         if await self.dp.model_ready(model, version):
-            return web.Response(status=200)
-        return _error_response(400, "Model version not ready")  # Triton's HandleModelReady
+            return _OK
+        return _error_reply(400, "Model version not ready")  # Triton's HandleModelReady
 
-    async def model_config(self, request: web.BaseRequest, model: str,
-                           version: str) -> web.Response:
+    async def model_config(self, request: Any, model: str, version: str) -> Reply:
         if request.method != "GET":
-            return _not_allowed()
-        return _json_response(codec.encode_json(await self.dp.model_config(model, version)))
+            return _NOT_ALLOWED
+        return _json_reply(codec.encode_json(await self.dp.model_config(model, version)))
 
     # ---- statistics -------------------------------------------------------------------
-    async def all_model_stats(self, request: web.BaseRequest) -> web.Response:
+    async def all_model_stats(self, request: Any) -> Reply:
         return await self.model_stats(request, "", "")
 
-    async def model_stats(self, request: web.BaseRequest, model: str,
-                          version: str) -> web.Response:
+    async def model_stats(self, request: Any, model: str, version: str) -> Reply:
         if request.method != "GET":
-            return _not_allowed()
+            return _NOT_ALLOWED
         stats = await self.dp.statistics(model, version)
-        return _json_response(codec.encode_json(stats_codec.stats_to_json(stats)))
+        return _json_reply(codec.encode_json(stats_codec.stats_to_json(stats)))
 
     # ---- model repository ---------------------------------------------------------------
-    async def repository(self, request: web.BaseRequest, repo: str | None, model: str | None,
-                         action: str | None) -> web.Response:
+    async def repository(self, request: Any, repo: str | None, model: str | None,
+                         action: str | None) -> Reply:
         if request.method != "POST":
-            return _not_allowed()
-        body = await _read_body(request, self.limit, "Request JSON",
-                                bool(request.headers.get("Content-Encoding")))
+            return _NOT_ALLOWED
+        body = await self._body(request, "Request JSON")
         if model is None:  # index; Triton ignores a repository name here
             ready_only = codec.decode_index_request(body)
-            return _json_response(codec.encode_json(await self.dp.repository_index(ready_only)))
+            return _json_reply(codec.encode_json(await self.dp.repository_index(ready_only)))
         if repo:
             raise TriremeError(Code.UNSUPPORTED,
                                "'repository_name' specification is not supported")
@@ -255,24 +203,23 @@ class _Handlers:
             await self.dp.load_model(model, codec.decode_load_request(body))
         else:
             await self.dp.unload_model(model, codec.decode_unload_request(body))
-        return web.Response(status=200, headers={"Content-Type": _JSON})
+        return Reply(200, b"", _JSON)
 
     # ---- inference ----------------------------------------------------------------------
-    async def infer(self, request: web.BaseRequest, model: str, version: str) -> web.Response:
+    async def infer(self, request: Any, model: str, version: str) -> Reply:
         if request.method != "POST":
-            return _not_allowed()
+            return _NOT_ALLOWED
         headers = request.headers
         encoding = headers.get("Content-Encoding")
         if encoding and encoding.strip().lower() not in ("identity", "gzip", "deflate"):
             # Triton's DecompressBuffer: UNSUPPORTED, and it advertises what it accepts.
-            return _error_response(http_status(Code.UNSUPPORTED),
-                                   "Unsupported compression type",
-                                   {"Accept-Encoding": "gzip, deflate"})
+            return _error_reply(http_status(Code.UNSUPPORTED), "Unsupported compression type",
+                                {"Accept-Encoding": "gzip, deflate"})
         header_text = headers.get(_HEADER_LENGTH)
         raw = header_text is not None and header_text.strip() == "0"
         kind = ("Raw request" if raw else "Request JSON" if header_text is None
                 else "Request")
-        body = await _read_body(request, self.limit, kind, bool(encoding))
+        body = await self._body(request, kind)
         header_length = codec.parse_header_length(header_text, len(body))
         if header_length == 0:  # raw binary: the body is the model's one input
             config = await self.dp.model_config(model, version)
@@ -287,16 +234,105 @@ class _Handlers:
         finally:
             self.dp.release(resp)  # the body is built: outputs are no longer referenced
         if json_length is None:
-            out = {"Content-Type": _JSON}
+            content_type, out = _JSON, None
         else:
-            out = {"Content-Type": _BINARY, _HEADER_LENGTH: str(json_length)}
+            content_type, out = _BINARY, {_HEADER_LENGTH: str(json_length)}
         accept = headers.get("Accept-Encoding")
         if accept:
             chosen = codec.response_encoding(accept)
             if chosen is not None:
                 payload = codec.compress(payload, chosen)
-                out["Content-Encoding"] = chosen
-        return web.Response(body=payload, status=200, headers=out)
+                out = {**(out or {}), "Content-Encoding": chosen}
+        return Reply(200, payload, content_type, out)
+
+
+# ---- the native server (the default) ----------------------------------------------------
+
+class _NativeHttp:
+    """What start_http returns for --http-impl native."""
+
+    def __init__(self, dp: Any, settings: FrontendSettings) -> None:
+        from .http1 import NativeHttpServer
+        self._server = NativeHttpServer(_Handlers(dp, settings).dispatch,
+                                        settings.http_max_input_size)
+
+    @property
+    def port(self) -> int:
+        return self._server.port
+
+    async def start(self, host: str, port: int) -> None:
+        await self._server.start(host, port)
+
+    async def stop(self, grace: float = 60.0) -> None:
+        await self._server.stop(grace)
+
+
+# ---- aiohttp (--http-impl aiohttp) ------------------------------------------------------
+
+class _AioRequest:
+    """An aiohttp request in the handlers' shape."""
+    __slots__ = ("method", "path", "query", "headers", "_request", "_limit")
+
+    def __init__(self, request: web.BaseRequest, limit: int) -> None:
+        self.method, self.path, self.headers = request.method, request.path, request.headers
+        self.query = request.query_string
+        self._request, self._limit = request, limit
+
+    async def read(self) -> bytes:
+        return await _read_body(self._request, self._limit,
+                                bool(self.headers.get("Content-Encoding")))
+
+
+def _web_response(reply: Reply) -> web.Response:
+    headers = {"Content-Type": reply.content_type} if reply.content_type else {}
+    if reply.headers:
+        headers.update(reply.headers)
+    resp = web.Response(body=reply.body or None, status=reply.status, headers=headers)
+    if reply.close:
+        resp.force_close()
+    return resp
+
+
+async def _read_body(request: web.BaseRequest, limit: int, encoded: bool) -> bytes:
+    """The whole (already decompressed) body, refused past `limit` bytes (BodyTooLarge).
+
+    aiohttp decompresses gzip/deflate bodies while streaming them, so the limit applies to
+    the decompressed size, as in Triton. aiohttp's own check (client_max_size) would answer
+    413 with a text body; Triton answers 400 with a JSON error, so we count here. A
+    Content-Length over the limit is refused before anything is read. One chunk -> returned
+    as is; several -> one join. `encoded`: the request has a Content-Encoding."""
+    declared = request.content_length
+    if declared is not None and not encoded:
+        if declared > limit:
+            raise BodyTooLarge(declared)
+        if declared == 0:
+            return b""
+    content = request.content
+    if declared is None or declared > 65536:
+        set_chunk = getattr(content, "set_read_chunk_size", None)
+        if set_chunk is not None:
+            set_chunk(min(limit, declared or limit))  # fewer pause/resume cycles, big bodies
+    try:
+        return await _read_chunks(content, declared, encoded, limit)
+    except web.RequestPayloadError as e:
+        detail = str(e).strip().splitlines()[-1].strip()  # "400, message:\n  <text>"
+        raise BodyError(detail) from None
+
+
+async def _read_chunks(content: Any, declared: int | None, encoded: bool,
+                       limit: int) -> bytes:
+    first = await content.readany()
+    if (declared is not None and not encoded and len(first) == declared) or not first:
+        return first
+    parts, total = [first], len(first)
+    while True:
+        if total > limit:
+            raise BodyTooLarge(None if encoded or declared is None else declared)
+        chunk = await content.readany()
+        if not chunk:
+            return b"".join(parts)
+        parts.append(chunk)
+        total += len(chunk)
 
 
 async def _expect(request: web.BaseRequest) -> None:
@@ -315,33 +351,62 @@ async def _expect(request: web.BaseRequest) -> None:
 def make_app(dp: Any, settings: FrontendSettings) -> web.Application:
     """The aiohttp application serving Triton's HTTP API over `dp` (start_http serves the
     same handlers through make_server, without the Application's per-request routing)."""
-    handlers = _Handlers(dp, settings)
-    app = web.Application(client_max_size=settings.http_max_input_size)
-    app.router.add_route("*", "/{tail:.*}", handlers.dispatch)
+    handlers, limit = _Handlers(dp, settings), settings.http_max_input_size
+
+    async def route(request: web.Request) -> web.Response:
+        return _web_response(await handlers.dispatch(_AioRequest(request, limit)))
+
+    app = web.Application(client_max_size=limit)
+    app.router.add_route("*", "/{tail:.*}", route)
     return app
 
 
 def make_server(dp: Any, settings: FrontendSettings) -> web.Server:
     """aiohttp's low-level server over `dp` (call it on the running loop): every request
     goes straight to our dispatch, skipping web.Application's router, match info and
-    Request object. No access log (it costs per request); debug as web.Application
-    derives it (the loop's), so aiohttp's own error pages stay the same."""
-    handlers = _Handlers(dp, settings)
-    return web.Server(handlers.serve, access_log=None,
-                      debug=asyncio.get_running_loop().get_debug())
+    Request object, after what web.Application does for a route (answer an Expect
+    header). No access log (it costs per request); debug as web.Application derives it
+    (the loop's), so aiohttp's own error pages stay the same."""
+    handlers, limit = _Handlers(dp, settings), settings.http_max_input_size
+
+    async def serve(request: web.BaseRequest) -> web.StreamResponse:
+        if request.headers.get("Expect"):
+            await _expect(request)
+        return _web_response(await handlers.dispatch(_AioRequest(request, limit)))
+
+    return web.Server(serve, access_log=None, debug=asyncio.get_running_loop().get_debug())
 
 
 def make_runner(dp: Any, settings: FrontendSettings) -> web.BaseRunner:
-    """The runner start_http serves (set up and add sites to use it)."""
+    """The runner start_http serves for --http-impl aiohttp (set up and add sites to use
+    it)."""
     return web.ServerRunner(make_server(dp, settings), handle_signals=False)
 
 
-async def start_http(dp: Any, settings: FrontendSettings) -> web.BaseRunner:
-    """Serve on settings.host:settings.http_port. SO_REUSEPORT lets several frontend
-    processes share the port."""
-    runner = make_runner(dp, settings)
-    await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.http_port, reuse_port=True,
-                       backlog=1024)
-    await site.start()
-    return runner
+class _AioHttp:
+    """What start_http returns for --http-impl aiohttp."""
+
+    def __init__(self, dp: Any, settings: FrontendSettings) -> None:
+        self._runner = make_runner(dp, settings)
+
+    @property
+    def port(self) -> int:
+        return self._runner.addresses[0][1]
+
+    async def start(self, host: str, port: int) -> None:
+        await self._runner.setup()
+        await web.TCPSite(self._runner, host, port, reuse_port=True, backlog=1024).start()
+
+    async def stop(self, grace: float = 60.0) -> None:
+        await self._runner.cleanup()   # waits for requests in flight (its shutdown_timeout)
+
+
+async def start_http(dp: Any, settings: FrontendSettings) -> Any:
+    """Serve on settings.host:settings.http_port with the server settings.http_impl names
+    ("native" or "aiohttp"); returns it (`.port`: the bound port, `await .stop(grace)`).
+    SO_REUSEPORT lets several frontend processes share the port."""
+    server = (_NativeHttp if settings.http_impl == "native" else _AioHttp)(dp, settings)
+    await server.start(settings.host, settings.http_port)
+    log.info("Started HTTPService at %s:%d (%s)", settings.host, server.port,
+             settings.http_impl)
+    return server

@@ -40,7 +40,7 @@ async def run(settings: FrontendSettings) -> None:
     if grpc_server is not None:
         await grpc_server.stop(0.5)
     if http is not None:
-        await http.cleanup()
+        await http.stop()
     dp.close()
 
 
@@ -58,6 +58,9 @@ def add_frontend_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grpc-impl", choices=("native", "aio"), default="native",
                    help="gRPC server: native (HTTP/2 on the frontend's event loop, the default) "
                         "or aio (grpc.aio)")
+    p.add_argument("--http-impl", choices=("native", "aiohttp"), default="native",
+                   help="HTTP server: native (HTTP/1.1 on the frontend's event loop, the "
+                        "default) or aiohttp")
     p.add_argument("--no-shm", action="store_true",
                    help="send every tensor inline (processes on different hosts)")
 
@@ -76,7 +79,7 @@ def settings_from_args(args: argparse.Namespace, scheduler_addr: str, result_add
         http_port=args.http_port, grpc_port=args.grpc_port, allow_http=args.allow_http,
         allow_grpc=args.allow_grpc, http_max_input_size=args.http_max_input_size,
         server_name=args.server_name, inline_threshold=args.inline_threshold,
-        use_shm=not args.no_shm, grpc_impl=args.grpc_impl)
+        use_shm=not args.no_shm, grpc_impl=args.grpc_impl, http_impl=args.http_impl)
 
 
 def main(argv: list[str] | None = None) -> int:

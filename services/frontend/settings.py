@@ -11,9 +11,10 @@ DEFAULT_HTTP_MAX_INPUT_SIZE = 64 * 1024 * 1024
 @dataclass
 class FrontendSettings:
     scheduler_addr: str
-    """ZeroMQ address of the scheduler's frontend socket (tcp:// or ipc://)."""
+    """The scheduler's frontend listener (unix://, stream://, or ZeroMQ's ipc:// / tcp://)."""
     result_addr: str = ""
-    """Where workers push results to this frontend; empty: an ipc:// path chosen at start."""
+    """Where workers send results to this frontend; empty: a socket path chosen at start,
+    on the scheduler address's wire."""
     host: str = "0.0.0.0"
     http_port: int = 8000
     grpc_port: int = 8001
@@ -30,3 +31,12 @@ class FrontendSettings:
     """Place large tensors in shared memory (off when processes do not share a host)."""
     grpc_impl: str = "native"
     """gRPC server: "native" (HTTP/2 on the frontend's own loop) or "aio" (grpc.aio)."""
+    http_impl: str = "native"
+    """HTTP server: "native" (HTTP/1.1 parsed by httptools on the frontend's own loop) or
+    "aiohttp" (aiohttp's low-level server)."""
+
+    def __post_init__(self) -> None:
+        if self.grpc_impl not in ("native", "aio"):
+            raise ValueError(f"grpc_impl must be 'native' or 'aio', got '{self.grpc_impl}'")
+        if self.http_impl not in ("native", "aiohttp"):
+            raise ValueError(f"http_impl must be 'native' or 'aiohttp', got '{self.http_impl}'")

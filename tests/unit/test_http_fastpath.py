@@ -3,8 +3,9 @@
 - http_codec: the typed JSON decode of an infer body against the generic decode.
 - datatypes: numbers_to_buffer against json_to_buffer; buffer_to_json's memoryview path
   against numpy's tolist().
-- http_server: the low-level server (start_http) against the same handlers in a
-  web.Application, byte for byte on the wire (Date aside), Expect handling included.
+- http_server: aiohttp's low-level server (make_runner, --http-impl aiohttp) against the
+  same handlers in a web.Application, byte for byte on the wire (Date aside), Expect
+  handling included. The native server against aiohttp's: tests/unit/test_http1.py.
 """
 
 from __future__ import annotations
@@ -225,7 +226,7 @@ def test_buffer_to_json_same_as_numpy(datatype):
         dt.buffer_to_json(datatype, [3], b"\0" * (3 * dtype.itemsize + 1))
 
 
-# ---- the low-level server vs a web.Application ---------------------------------------------
+# ---- aiohttp's low-level server vs a web.Application -------------------------------------
 
 class _StubDataPlane:
     async def infer(self, req, endpoint="HTTP end point"):

@@ -1,0 +1,212 @@
+"""The shapes both HTTP servers share with the handlers (http_server._Handlers): a Reply, the
+body errors, case-insensitive Headers; and the native server's request (http1), which
+gathers its own body as the parser hands it over.
+
+A handler sees a request as: ``method``, ``path`` (percent-decoded, as aiohttp's
+request.path), ``query``, ``headers`` (case-insensitive ``get``) and ``await read()``, the
+whole decompressed body, which raises BodyTooLarge or BodyError. It answers a Reply.
+"""
+from __future__ import annotations
+
+import asyncio
+import zlib
+from typing import Any
+
+__all__ = ["BodyError", "BodyTooLarge", "Headers", "Reply", "Request", "RECEIVING", "COMPLETE",
+           "TOO_LARGE", "BROKEN", "DONE"]
+
+
+class BodyTooLarge(Exception):
+    """The body is over the size limit. ``size``: its declared size when known up front
+    (Content-Length without Content-Encoding), else None (reading stopped at the limit)."""
+
+    def __init__(self, size: int | None) -> None:
+        super().__init__(size)
+        self.size = size
+
+
+class BodyError(Exception):
+    """The body could not be read (bad gzip/deflate data, broken chunking, connection cut
+    short); the connection cannot go on after such a request."""
+
+
+class Reply:
+    """A handler's answer. ``content_type`` None: no Content-Type header; ``headers``: any
+    others; ``close``: end the connection after this answer."""
+    __slots__ = ("status", "body", "content_type", "headers", "close")
+
+    def __init__(self, status: int = 200, body: Any = b"", content_type: str | None = None,
+                 headers: dict[str, str] | None = None, close: bool = False) -> None:
+        self.status, self.body, self.content_type = status, body, content_type
+        self.headers, self.close = headers, close
+
+
+class Headers(dict):
+    """Request headers under lower-case names, looked up in any case (as aiohttp's
+    CIMultiDict). A repeated header keeps its first value, which is what CIMultiDict.get
+    returns."""
+    __slots__ = ()
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return dict.get(self, name.lower(), default)
+
+    def __getitem__(self, name: str) -> str:
+        return dict.__getitem__(self, name.lower())
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and dict.__contains__(self, name.lower())
+
+
+# Body states. RECEIVING: bytes still to come; COMPLETE: it has all arrived; TOO_LARGE and
+# BROKEN: read() raises; DONE: answered without it, the rest is dropped as it arrives.
+RECEIVING, COMPLETE, TOO_LARGE, BROKEN, DONE = range(5)
+
+
+class Request:
+    """One request of the native server: method, path, query, headers, version ("1.1")
+    and ``await read()``; the connection fills in the body (``start_body``, ``feed``,
+    ``complete``, ``end``)."""
+    __slots__ = ("method", "path", "query", "headers", "version", "keep_alive", "bad",
+                 "state", "size", "_loop", "_limit", "_body", "_declared", "_too_large",
+                 "_inflater", "_error", "_waiter", "_spare")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int) -> None:
+        self._loop, self._limit = loop, limit
+        self._spare: bytearray | None = None  # a buffer of the declared size, to reuse
+        self.method = self.path = self.query = ""
+        self.version = "1.1"
+        self.headers = Headers()
+        self.keep_alive = False
+        self.bad: str | None = None           # a malformed request: answered 400, then close
+        self.state = RECEIVING
+        self.size = 0                         # body bytes so far (decompressed)
+        self._body: Any = None                # bytes | bytearray (declared size) | [pieces]
+        self._declared: int | None = None     # Content-Length, when there is no encoding
+        self._too_large: int | None = None
+        self._inflater: _Inflater | None = None
+        self._error = ""
+        self._waiter: asyncio.Future | None = None
+
+    async def read(self) -> Any:
+        """The whole body (bytes or bytearray), once it has arrived."""
+        if self.state == RECEIVING:
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        state = self.state
+        if state == COMPLETE:
+            return self._body
+        if state == TOO_LARGE:
+            raise BodyTooLarge(self._too_large)
+        raise BodyError(self._error)
+
+    # -- from the connection (http1) ---------------------------------------------------------
+    def start_body(self, length: str | None, encoding: str | None,
+                   spare: bytearray | None = None) -> bool:
+        """From the Content-Length and Content-Encoding headers, as aiohttp reads them: any
+        encoding means the size is known only once inflated; gzip and deflate are inflated,
+        others passed as they are. A Content-Length over the limit is refused up front.
+        True: ``spare`` (a buffer the connection no longer needs) will take the body."""
+        if encoding:
+            encoding = encoding.lower()
+            if encoding in ("gzip", "deflate"):
+                self._inflater = _Inflater(encoding)
+        elif length is not None:
+            declared = self._declared = int(length)    # digits only: llhttp checked it
+            if declared > self._limit:
+                self._too_large = declared
+                self.state = TOO_LARGE
+            elif spare is not None and len(spare) == declared:
+                self._spare = spare
+                return True
+        return False
+
+    def feed(self, data: bytes) -> None:
+        inflater = self._inflater
+        if inflater is not None:
+            try:
+                data = inflater.feed(data, self._limit - self.size)
+            except zlib.error:
+                self.end(BROKEN, f"Can not decode content-encoding: {inflater.encoding}")
+                return
+        n = len(data)
+        if not n:
+            return
+        start = self.size
+        self.size = end = start + n
+        if end > self._limit:
+            self.end(TOO_LARGE)
+            return
+        body = self._body
+        if body is None:
+            declared = self._declared
+            if declared is None:
+                self._body = [data]
+            elif n == declared:
+                self._body = data             # the usual case: the body came in one piece
+            else:                              # one buffer of the declared size, no join
+                body = self._body = self._spare or bytearray(declared)
+                self._spare = None
+                body[:n] = data
+        elif type(body) is bytearray:
+            body[start:end] = data
+        else:
+            body.append(data)
+
+    def take_body(self) -> Any:
+        """The body, no longer held here (the connection may reuse its buffer)."""
+        body, self._body, self._spare = self._body, None, None
+        return body
+
+    def complete(self) -> None:
+        inflater = self._inflater
+        if inflater is not None and not inflater.finished():
+            self.end(BROKEN, f"Can not decode content-encoding: {inflater.encoding}")
+            return
+        body = self._body
+        if body is None:
+            self._body = b""
+        elif type(body) is list:
+            self._body = body[0] if len(body) == 1 else b"".join(body)
+        self.end(COMPLETE)
+
+    def end(self, state: int, error: str = "") -> None:
+        self.state, self._error = state, error
+        if state != COMPLETE:
+            self._body = None
+        self._inflater = None
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+class _Inflater:
+    """A gzip or deflate body, inflated piece by piece and never past the limit (a small
+    body cannot expand into gigabytes here). As aiohttp does: several gzip members in a row
+    are one body, and a deflate body without its zlib header (raw deflate) is accepted."""
+    __slots__ = ("encoding", "_obj", "_started")
+
+    def __init__(self, encoding: str) -> None:
+        self.encoding = encoding
+        self._obj = zlib.decompressobj(31 if encoding == "gzip" else 15)
+        self._started = False
+
+    def feed(self, data: bytes, room: int) -> bytes:
+        """Up to room + 1 bytes of output (one more than fits: the caller sees the overflow)."""
+        if not self._started and data:
+            self._started = True
+            if self.encoding == "deflate" and data[0] & 0x0F != 8:
+                self._obj = zlib.decompressobj(-15)
+        out = self._obj.decompress(data, room + 1)
+        while self._obj.eof and self._obj.unused_data and len(out) <= room:
+            if self.encoding != "gzip":
+                break                          # bytes after a deflate stream are ignored
+            rest = self._obj.unused_data
+            self._obj = zlib.decompressobj(31)
+            out += self._obj.decompress(rest, room + 1 - len(out))
+        return out
+
+    def finished(self) -> bool:
+        return not self._started or self._obj.eof
