@@ -121,9 +121,21 @@ def infer(client, module, batch: int, version: str = "") -> np.ndarray:
               module.InferInput("INPUT1", [batch, 16], "FP32")]
     inputs[0].set_data_from_numpy(a)
     inputs[1].set_data_from_numpy(a)
+    executions = _executions(client, version)
     out = client.infer("add_sub", inputs, model_version=version).as_numpy("OUTPUT0")
     np.testing.assert_allclose(out, 2 * a + (int(version or 2) - 1), rtol=1e-6)
+    # A worker answers before it reports the batch to the scheduler (as Triton's backends
+    # do), so the response can arrive a moment before the statistics count it.
+    wait_until(lambda: _executions(client, version) == executions + 1, 10,
+               "the execution in the statistics")
     return out
+
+
+def _executions(client, version: str) -> int:
+    st = client.get_inference_statistics("add_sub", version or "2")
+    if not isinstance(st, dict):   # gRPC: the protobuf message
+        return st.model_stats[0].execution_count
+    return int(st["model_stats"][0]["execution_count"])
 
 
 def raw_get(srv, path: str, method: str = "GET") -> tuple[int, dict, bytes]:

@@ -29,6 +29,7 @@ class Kind(enum.IntEnum):
     GET_STATS = 8
     INFER_REQUESTS = 9
     CHECK_READY = 17               # (numbered after the scheduler -> frontend range)
+    CANCEL = 18                    # (also scheduler -> worker, on its cancel connection)
     # scheduler -> frontend (INFER_RESULT also worker -> frontend)
     INFER_RESULT = 10
     MODEL_INFO = 11
@@ -99,6 +100,18 @@ class ReleaseBlocks(_Msg):
     """The consumer is done with these output blocks; the scheduler forwards to the owner."""
     owner_pid: int
     blocks: list[tuple[str, int]]  # (segment, offset)
+
+
+class Cancel(_Msg):
+    """Requests whose callers went away before their final response (a cancelled gRPC call
+    or stream, a client timeout, a closed connection). Sent only when that happens, one
+    message per model version per event-loop turn. The scheduler answers those still
+    queued with CANCELLED and forwards the rest, as is, to the version's instances that
+    can stop early (on their CANCEL_CHANNEL connection)."""
+    reply_to: str                  # the frontend's result socket: with req_id, the key workers see
+    model: str
+    version: int
+    req_ids: list[int]
 
 
 class GetModelInfo(_Msg):
@@ -293,6 +306,13 @@ class ModelLoaded(_Msg):
     config: bytes = b""            # the completed ModelConfig (auto-complete runs in the worker)
     probe: bool = False            # the backend answers ProbeReady with a check of its own
     metrics: list[MetricFamilyRecord] | None = None
+    cancellable: bool = False      # the worker reads Cancel on its CANCEL_CHANNEL
+
+
+# A worker whose model can stop early (a Python model asking is_cancelled()) opens a second
+# connection to the scheduler, with its worker id + this suffix as identity, read by a
+# thread of its own: a cancel reaches the model while its execute() holds the main thread.
+CANCEL_CHANNEL = b"/cancel"
 
 
 class ProbeReady(_Msg):
@@ -345,6 +365,7 @@ _KIND_OF: dict[type, Kind] = {
     UnloadModelRequest: Kind.UNLOAD_MODEL_REQUEST,
     GetStats: Kind.GET_STATS,
     CheckReady: Kind.CHECK_READY,
+    Cancel: Kind.CANCEL,
     InferResult: Kind.INFER_RESULT,
     InferResults: Kind.INFER_RESULTS,
     ModelInfo: Kind.MODEL_INFO,

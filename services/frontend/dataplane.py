@@ -5,7 +5,9 @@
 
 Model metadata is cached per model and dropped when the scheduler broadcasts a change, so
 validation costs no round trip. Input blocks are freed when the result arrives; output
-blocks go back to their worker when the adapter calls release().
+blocks go back to their worker when the adapter calls release(). A caller that goes away
+first (its task cancelled) cancels its request: the scheduler drops it from its queue, or
+tells its worker, and its inputs are freed by whichever final answer still comes.
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ class DataPlane:
         self._info_waiters: dict[str, asyncio.Future] = {}
         self._streams: dict[int, list[Any]] = {}      # preserve_ordering state per stream
         self._outbox: list[tuple[m.InferRequest, list[Any]]] = []
+        self._cancels: dict[tuple[str, int], list[int]] = {}   # (model, version) -> req_ids
         self._generation = 0
         self._scheduler_ready = False
         # True while the frontend is still opening its ports: health says neither live nor
@@ -121,6 +124,8 @@ class DataPlane:
         if len(box) == 1:
             self._send(*box[0])
             return
+        if not box:   # flushed early by _flush_cancels
+            return
         frames: list[Any] = []
         for msg, own in box:
             if own:
@@ -131,6 +136,24 @@ class DataPlane:
                             t.frame += base
                 frames.extend(own)
         self._send(m.InferRequests([msg for msg, _ in box]), frames)
+
+    def _cancel(self, req_id: int, model: str, version: int) -> None:
+        """The caller of a request went away before its final response: the scheduler takes
+        it out of its queue (answering CANCELLED) or tells its worker. Cancels of one turn
+        leave together at its end, after the requests of that turn."""
+        if not self._cancels:
+            try:
+                asyncio.get_running_loop().call_soon(self._flush_cancels)
+            except RuntimeError:   # a stream finalized after its loop stopped: nothing to tell
+                return
+        self._cancels.setdefault((model, version), []).append(req_id)
+
+    def _flush_cancels(self) -> None:
+        if self._outbox:   # a request made and cancelled in this turn leaves before its cancel
+            self._flush_outbox()
+        cancels, self._cancels = self._cancels, {}
+        for (model, version), req_ids in cancels.items():
+            self._send(m.Cancel(self.result_addr, model, version, req_ids))
 
     def _deliver(self, msg: m.InferResult, frames: list[Any]) -> None:
         waiter = self._pending.get(msg.req_id)
@@ -292,10 +315,15 @@ class DataPlane:
         try:
             result, rframes = await fut
         except asyncio.CancelledError:
-            # The caller went away, but a worker may still be reading our input blocks:
-            # they are freed (and its outputs handed back) when its result arrives.
-            self._abandoned[req_id] = blocks
-            blocks = []
+            if not fut.done() or fut.cancelled():
+                # The caller went away first. A worker may still be reading our input blocks:
+                # they are freed (and any outputs handed back) when the request's final
+                # answer arrives: its result, or the scheduler's CANCELLED.
+                self._abandoned[req_id] = blocks
+                blocks = []
+                self._cancel(req_id, req.model, version)
+            elif fut.exception() is None:   # the result won the race: hand its outputs back
+                self._release_refs(fut.result()[0].outputs)
             raise
         finally:
             self._pending.pop(req_id, None)
@@ -319,12 +347,15 @@ class DataPlane:
                 yield resp
         finally:
             self._pending.pop(req_id, None)
+            while not final and not queue.empty():   # arrived after the caller left
+                result, _ = queue.get_nowait()
+                final = result.final
+                self._release_refs(result.outputs)
             if final:
                 self._free_inputs(blocks)
-            else:   # abandoned mid-stream: the rest is dropped as it arrives
+            else:   # abandoned mid-stream: cancel it; the rest is dropped as it arrives
                 self._abandoned[req_id] = blocks
-                while not queue.empty():
-                    self._drop(*queue.get_nowait())
+                self._cancel(req_id, req.model, version)
 
     def _send_request(self, req: CoreRequest, info: m.ModelInfo, version: int,
                       waiter: asyncio.Future | asyncio.Queue) -> tuple[int, list[Any]]:

@@ -16,7 +16,9 @@ Dynamic batching (reference/protocol.md §5, after Triton's DynamicBatchSchedule
   the largest preferred size), the delay expired, or there is no delay; else wait for the
   rest of the delay, bounded by the nearest request timeout.
 - a timed-out request met by the walk is rejected ("Request timeout expired") or, with
-  timeout_action DELAY, moved behind the on-time requests of its level.
+  timeout_action DELAY, moved behind the on-time requests of its level;
+- a cancelled request (cancel()) leaves the count at once and its entry when a walk or
+  pop meets it, so cancelling costs O(1) whatever the queue's length.
 Without dynamic_batching every request is its own execution, in arrival order.
 """
 from __future__ import annotations
@@ -83,28 +85,31 @@ def _policy(p: Any) -> QueuePolicy:
 
 
 class Entry:
-    """A queued request as the batcher sees it; ``item`` is the caller's object."""
-    __slots__ = ("item", "batch_size", "enqueued_ns", "deadline_ns", "signature")
+    """A queued request as the batcher sees it; ``item`` is the caller's object, None once
+    cancelled (the entry stays where it is until a walk or a pop meets it)."""
+    __slots__ = ("item", "batch_size", "enqueued_ns", "deadline_ns", "signature", "level")
 
     def __init__(self, item: Any, batch_size: int, enqueued_ns: int, deadline_ns: int,
-                 signature: Any) -> None:
+                 signature: Any, level: "_Level") -> None:
         self.item = item
         self.batch_size = batch_size
         self.enqueued_ns = enqueued_ns
         self.deadline_ns = deadline_ns
         self.signature = signature
+        self.level = level
 
 
 class _Level:
-    __slots__ = ("policy", "main", "delayed")
+    __slots__ = ("policy", "main", "delayed", "dead")
 
     def __init__(self, policy: QueuePolicy) -> None:
         self.policy = policy
         self.main: collections.deque[Entry] = collections.deque()
         self.delayed: collections.deque[Entry] = collections.deque()
+        self.dead = 0           # cancelled entries still in the deques
 
     def __len__(self) -> int:
-        return len(self.main) + len(self.delayed)
+        return len(self.main) + len(self.delayed) - self.dead
 
 
 class Decision:
@@ -145,9 +150,10 @@ class Batcher:
         return priority
 
     def enqueue(self, item: Any, now_ns: int, *, batch_size: int = 1, priority: int = 0,
-                timeout_us: int = 0, shapes: dict[str, list[int]] | None = None) -> None:
+                timeout_us: int = 0, shapes: dict[str, list[int]] | None = None) -> Entry:
         """Queue a request; raises UNAVAILABLE "Exceeds maximum queue size" when its level
-        is full. ``shapes`` (input name -> full shape) is needed only for equal-shape rules."""
+        is full. ``shapes`` (input name -> full shape) is needed only for equal-shape rules.
+        The returned entry is the handle cancel() takes."""
         level = self.levels[self.level_of(priority) - 1]
         p = level.policy
         if p.max_queue_size and len(level) >= p.max_queue_size:
@@ -156,9 +162,20 @@ class Batcher:
         if p.allow_timeout_override and 0 < timeout_us < timeout:
             timeout = timeout_us
         deadline = now_ns + timeout * 1000 if timeout else 0
-        level.main.append(Entry(item, max(batch_size, 1), now_ns, deadline,
-                                self._signature(shapes) if self.needs_shapes else None))
+        entry = Entry(item, max(batch_size, 1), now_ns, deadline,
+                      self._signature(shapes) if self.needs_shapes else None, level)
+        level.main.append(entry)
         self._size += 1
+        return entry
+
+    def cancel(self, entry: Entry) -> Any:
+        """Take a queued entry out of the queue in O(1), returning its item: it is marked
+        and skipped (and dropped) by the next walk or pop that meets it. Triton checks for
+        cancelled requests at its batcher's cursor the same way."""
+        item, entry.item = entry.item, None
+        entry.level.dead += 1
+        self._size -= 1
+        return item
 
     def _signature(self, shapes: dict[str, list[int]] | None) -> Any:
         shapes = shapes or {}
@@ -180,11 +197,24 @@ class Batcher:
             self._delay_count = 0
         if not self.config.dynamic:
             for level in self.levels:
+                if level.dead:
+                    self._pop_dead(level)
                 q = level.main or level.delayed
                 if q:
                     self._size -= 1
                     return Decision([q.popleft().item], [], None)
         return self._dynamic(now_ns)
+
+    @staticmethod
+    def _pop_dead(level: _Level) -> None:
+        """Pop the cancelled entries at the front of a level's deques: the next live one
+        is then at the front of the first non-empty deque (amortised O(1) a cancel)."""
+        for q in (level.main, level.delayed):
+            while q and q[0].item is None:
+                q.popleft()
+                level.dead -= 1
+            if q:
+                return
 
     def _walk(self, now_ns: int, rejected: list[Any]) -> Iterator[tuple[collections.deque, Entry]]:
         """Queued entries in batching order, applying each level's timeout policy on the way."""
@@ -193,6 +223,10 @@ class Batcher:
             i = 0
             while i < len(q):
                 e = q[i]
+                if e.item is None:          # cancelled
+                    del q[i]
+                    level.dead -= 1
+                    continue
                 if e.deadline_ns and now_ns >= e.deadline_ns:
                     del q[i]
                     if level.policy.delay_on_timeout:
@@ -204,8 +238,16 @@ class Batcher:
                     continue
                 yield q, e
                 i += 1
-            for e in level.delayed:
-                yield level.delayed, e
+            q = level.delayed
+            i = 0
+            while i < len(q):
+                e = q[i]
+                if e.item is None:
+                    del q[i]
+                    level.dead -= 1
+                    continue
+                yield q, e
+                i += 1
 
     def _dynamic(self, now_ns: int) -> Decision:
         c = self.config
@@ -262,11 +304,21 @@ class Batcher:
         self._size -= len(out)
         return out
 
+    def entries(self) -> Iterator[Entry]:
+        """Every queued (not cancelled) entry, in no particular order."""
+        for level in self.levels:
+            for q in (level.main, level.delayed):
+                for e in q:
+                    if e.item is not None:
+                        yield e
+
     def drain(self) -> list[Any]:
         """Remove and return everything queued (the version is going away)."""
-        out = [e.item for level in self.levels for q in (level.main, level.delayed) for e in q]
+        out = [e.item for level in self.levels for q in (level.main, level.delayed) for e in q
+               if e.item is not None]
         for level in self.levels:
             level.main.clear()
             level.delayed.clear()
+            level.dead = 0
         self._size = 0
         return out

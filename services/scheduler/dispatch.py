@@ -3,7 +3,8 @@
 Whenever a request arrives, an instance becomes idle or the batcher's delay runs out, pump()
 asks the Batcher for the next batch and sends it to an idle instance (one the rate limiter
 lets run). Every request a worker holds is recorded, so the moment that worker dies each of
-them gets its error (invariant 1).
+them gets its error (invariant 1). A request whose caller went away is taken out of the
+queue by cancel(), in O(1), and never runs.
 """
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ class Instance:
     inflight: dict[int, list[Pending]] = field(default_factory=dict)
     config: Any = None         # its inference.ModelInstanceGroup (rate_limiter settings)
     probe: bool = False        # its backend checks readiness itself (ProbeReady)
+    cancellable: bool = False  # its worker reads Cancel on m.CANCEL_CHANNEL (Python models)
 
 
 def _int_param(params: dict[str, Any], key: str) -> int:
@@ -78,6 +80,10 @@ class VersionQueue:
         self._timer: Any = None
         self._stream = next(_stream_ids) if config.preserve_ordering else 0
         self._orders: dict[bytes, int] = {}     # frontend -> last order number handed out
+        # (frontend, req_id) -> batcher entry of every queued request: what a cancel finds.
+        # Built by the first cancel, kept up while requests wait, dropped when none do: a
+        # server nobody cancels on pays nothing for it.
+        self._queued: dict[tuple[bytes, int], Any] | None = None
 
     # ------------------------------------------------------------------ instances
     def add_instance(self, inst: Instance) -> None:
@@ -99,12 +105,32 @@ class VersionQueue:
         """Queue a request; raises TriremeError (queue full) without queueing it."""
         r = p.req
         params = r.parameters
-        self.batcher.enqueue(
+        entry = self.batcher.enqueue(
             p, p.arrival_ns, batch_size=r.batch_size,
             priority=_int_param(params, "priority") if params else 0,
             timeout_us=_int_param(params, "timeout") if params else 0,
             shapes={t.name: t.shape for t in r.inputs} if self.batcher.needs_shapes else None)
+        if self._queued is not None:
+            self._queued[(p.frontend, r.req_id)] = entry
         self.pump()
+
+    def cancel(self, frontend: bytes, req_ids: list[int]) -> tuple[list[Pending], list[int]]:
+        """Take the queued ones among these requests out of the queue. Returns them (the
+        caller answers each) and the ids that were not queued: running, or already done."""
+        queued = self._queued
+        if queued is None:   # O(queue) once, then O(1) a cancel while requests wait
+            queued = self._queued = {(e.item.frontend, e.item.req.req_id): e
+                                     for e in self.batcher.entries()}
+        removed, rest = [], []
+        for req_id in req_ids:
+            entry = queued.pop((frontend, req_id), None)
+            if entry is None:
+                rest.append(req_id)
+            else:
+                removed.append(self.batcher.cancel(entry))
+        if not queued:
+            self._queued = None
+        return removed, rest
 
     def pump(self) -> None:
         while self.idle and len(self.batcher):
@@ -114,6 +140,8 @@ class VersionQueue:
             now = self.clock()
             d = self.batcher.next_batch(now)
             for p in d.rejected:
+                if self._queued is not None:
+                    self._queued.pop((p.frontend, p.req.req_id), None)
                 self.fail(p, Code.UNAVAILABLE, TIMEOUT_EXPIRED, "REJECTED")
             if not d.batch:
                 if d.wait_ns is not None:
@@ -144,6 +172,12 @@ class VersionQueue:
         items = []
         frames: list[Any] = []
         bases: dict[int, int] = {}      # id(frame list) -> its first index in `frames`
+        queued = self._queued
+        if queued is not None:
+            for p in batch:
+                queued.pop((p.frontend, p.req.req_id), None)
+            if not queued:
+                self._queued = None
         for p in batch:
             p.dispatch_ns = now
             if self._stream:
@@ -191,6 +225,7 @@ class VersionQueue:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self._queued = None
         for p in self.batcher.drain():
             self.fail(p, code, message, "OTHER")
 

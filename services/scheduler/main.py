@@ -39,6 +39,7 @@ log = logging.getLogger("trireme.scheduler")
 LOAD_TIMEOUT_S = 300.0
 RESTART_BACKOFF_S = 0.5
 PROBE_TIMEOUT_S = 10.0
+CANCELLED_TEXT = "Request cancelled"
 
 
 @dataclass
@@ -167,6 +168,8 @@ class Scheduler:
             self._send_frontend(identity, m.Index(msg.ctl_id, self.models.index(msg.ready_only)))
         elif isinstance(msg, (m.LoadModelRequest, m.UnloadModelRequest)):
             asyncio.get_running_loop().create_task(self._control(identity, msg))
+        elif isinstance(msg, m.Cancel):
+            self._cancel(identity, msg)
         elif isinstance(msg, m.FrontendHello):
             self.frontends.add(identity)
             self._send_frontend(identity, m.RepositoryChanged([], self.server_ready()))
@@ -208,6 +211,26 @@ class Scheduler:
             vs.queue.enqueue(p)
         except TriremeError as e:    # the queue is full
             self._fail(p, e.code, e.message, "REJECTED")
+
+    def _cancel(self, identity: bytes, msg: m.Cancel) -> None:
+        """Callers gone: a queued request leaves its queue and gets its one final answer,
+        CANCELLED, so the frontend frees its inputs (counted as Triton does: a failure,
+        reason CANCELED). The others are running: the instances that can stop early are
+        told (a decoupled request may still be streaming after its batch is done, so all
+        of the version's); the rest finish and their results are dropped."""
+        entry = self.models.models.get(msg.model)
+        vs = entry.versions.get(msg.version) if entry is not None else None
+        if vs is None or vs.queue is None:
+            return
+        removed, running = vs.queue.cancel(identity, msg.req_ids)
+        for p in removed:
+            self._fail(p, Code.CANCELLED, CANCELLED_TEXT, "CANCELED")
+        if running:
+            fwd = m.encode(m.Cancel(msg.reply_to, msg.model, msg.version, running))
+            for inst in vs.queue.instances.values():
+                channel = inst.worker_id.encode() + m.CANCEL_CHANNEL
+                if inst.cancellable and not self.wsock.send(channel, fwd):
+                    log.debug("cannot reach the cancel channel of %s", inst.worker_id)
 
     def _make_queue(self, model: str, version: int, config: Any) -> VersionQueue:
         return VersionQueue(model, version, BatcherConfig.from_model_config(config, self.delay_count),
@@ -371,6 +394,7 @@ class Scheduler:
             raise TriremeError(reply.error.code, reply.error.message)
         inst.loaded = True
         inst.probe = reply.probe
+        inst.cancellable = reply.cancellable
         self._by_pid[inst.pid] = inst
         self._workers[inst.worker_id] = inst
         return mc.ModelConfig.FromString(reply.config)

@@ -1,6 +1,7 @@
 """The worker process: one model instance, one framework, one blocking loop.
 
     scheduler ──LoadModel / ExecuteBatch / ReleaseOutputs / Shutdown──▶ worker
+    scheduler ──Cancel (own connection, own thread: services/workers/cancel.py)──▶ worker
     worker ──WorkerReady / ModelLoaded / BatchDone──▶ scheduler
     worker ──InferResult (+ frames or refs into this worker's output arena)──▶ frontend
 
@@ -42,6 +43,7 @@ class Worker:
     def __init__(self, scheduler_addr: str, worker_id: str, inline_threshold: int = DEFAULT_INLINE_THRESHOLD,
                  use_shm: bool = True) -> None:
         self.worker_id = worker_id
+        self.scheduler_addr = scheduler_addr
         self.sock = transport.connect_blocking(scheduler_addr, worker_id.encode())
         self.pushers: dict[str, Any] = {}   # result address -> connection
         self.segments = SegmentMap()
@@ -102,8 +104,12 @@ class Worker:
             cfg = mc.ModelConfig.FromString(msg.config)
             self.backend = create_backend(cfg, msg)
             self.per_request = getattr(self.backend, "per_request", False)
+            cancels = getattr(self.backend, "cancels", None)
+            if cancels is not None:   # its models can stop early: open the cancel channel
+                cancels.listen(self.scheduler_addr, self.worker_id)
             reply = m.ModelLoaded(self.worker_id, config=self.backend.config.SerializeToString(),
-                                  probe=hasattr(self.backend, "is_ready"), metrics=self._metrics())
+                                  probe=hasattr(self.backend, "is_ready"), metrics=self._metrics(),
+                                  cancellable=cancels is not None)
         except TriremeError as e:
             reply = m.ModelLoaded(self.worker_id, error=m.ErrorRecord(int(e.code), e.message))
         except Exception as e:  # a framework's own load error

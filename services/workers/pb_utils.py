@@ -126,6 +126,7 @@ class InferenceRequest:
             parameters = json.loads(parameters)
         self._parameters = dict(parameters or {})
         self._sender: InferenceResponseSender | None = None
+        self._flag: Any = None   # the worker's cancel flag (services/workers/cancel.py)
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -161,7 +162,10 @@ class InferenceRequest:
         return self._sender
 
     def is_cancelled(self) -> bool:
-        return False
+        """True once the client went away (a cancelled gRPC call or stream, a deadline, a
+        closed connection); the model may stop and answer with TritonError.CANCELLED."""
+        flag = self._flag
+        return flag is not None and flag.cancelled
 
     def set_release_flags(self, flags: int) -> None:
         """Request rescheduling is not supported: the request is released after execute."""
@@ -201,9 +205,10 @@ class InferenceResponseSender:
     """Sends a request's responses as the model makes them (decoupled models, or any model
     whose execute returns None); the last send carries TRITONSERVER_RESPONSE_COMPLETE_FINAL."""
 
-    def __init__(self, send: Any) -> None:
+    def __init__(self, send: Any, flag: Any = None) -> None:
         self._send = send        # (response | None, final: bool) -> None, thread-safe
         self._closed = False
+        self._flag = flag        # shared with the request (see InferenceRequest.is_cancelled)
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         if self._closed:
@@ -216,7 +221,8 @@ class InferenceResponseSender:
         self._send(response, final)
 
     def is_cancelled(self) -> bool:
-        return False
+        flag = self._flag
+        return flag is not None and flag.cancelled
 
 
 # ------------------------------------------------------------------------------ helpers

@@ -10,6 +10,8 @@ as_numpy().
 Responses return from execute() (one per request), or through each request's response
 sender (decoupled models, or any execute that returns None), from any thread. An async
 execute runs on this worker's event loop thread; BLS calls go through services/workers/bls.py.
+A request's is_cancelled() turns True when its client goes away, also while execute() runs
+(services/workers/cancel.py).
 """
 from __future__ import annotations
 
@@ -35,10 +37,12 @@ from services.common.errors import Code, TriremeError
 from services.common.repository import model_file
 from services.common.shm import DEFAULT_INLINE_THRESHOLD
 from services.workers import pb_utils
+from services.workers.cancel import Cancels
 
 log = logging.getLogger("trireme.python")
 
 ENV_PARAM = "EXECUTION_ENV_PATH"
+CANCELLED_TEXT = "Request cancelled"     # a cancelled request the model returned None for
 _OWN_DIR = str(Path(__file__).parent)
 _MODEL_DIR_VAR = "$$TRITON_MODEL_DIRECTORY"
 
@@ -122,6 +126,8 @@ class PythonBackend:
         self.config = cfg
         self.config_dict = config_to_json(cfg)
         self.decoupled = cfg.model_transaction_policy.decoupled
+        # Cancel flags behind is_cancelled(); the worker opens their channel (cancel.py).
+        self.cancels = Cancels()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._bls: Any = None
         self._bls_lock = threading.Lock()
@@ -187,19 +193,36 @@ class PythonBackend:
     def execute_requests(self, items: list[Any], inputs: list[dict[str, np.ndarray]],
                          reply: Reply) -> list[Any]:
         """Run execute() on the batch. Returns, per request, its outputs dict, a
-        TriremeError, or None when its response sender answers (now or later)."""
+        TriremeError, or None when its response sender answers (now or later). Each
+        request's cancel flag is followed until its final response."""
+        keys = [(item.reply_to, item.req_id) for item in items]
+        cancels = self.cancels
+
+        def answer(i: int, out: Any, err: Any, final: bool) -> None:
+            if final:
+                cancels.done(keys[i])
+            reply(i, out, err, final)
+
         requests = []
         for i, (item, tensors) in enumerate(zip(items, inputs)):
             req = _request(self.name, item, tensors)
-            req._sender = pb_utils.InferenceResponseSender(_sender(i, items, reply))
+            req._flag = cancels.track(keys[i])
+            req._sender = pb_utils.InferenceResponseSender(_sender(i, answer), req._flag)
             requests.append(req)
+        answers = self._execute(requests, answer)
+        for key, req, ans in zip(keys, requests, answers):
+            if ans is not None or req._sender._closed:   # answered: nothing more will come
+                cancels.done(key)
+        return answers
+
+    def _execute(self, requests: list[pb_utils.InferenceRequest], reply: Reply) -> list[Any]:
         try:
             result = self.model.execute(requests)
             if inspect.isawaitable(result):
                 future = self._run_async(result)
                 if self.decoupled:   # responses come through the senders; don't wait
                     future.add_done_callback(lambda f: self._async_done(f, requests, reply))
-                    return [None] * len(items)
+                    return [None] * len(requests)
                 result = future.result()
         except BaseException as e:
             err = TriremeError(Code.INTERNAL, f"Failed to process the request(s) for model "
@@ -210,19 +233,19 @@ class PythonBackend:
                 return [None if r.get_response_sender()._closed else TriremeError(
                     Code.INTERNAL, "Python model '" + self.instance + "' returned None without "
                     "sending a final response for each request") for r in requests]
-            return [None] * len(items)
+            return [None] * len(requests)
         if self.decoupled:
             err = TriremeError(Code.INTERNAL, "Python model '" + self.instance + "' is using the "
                                "decoupled mode and the execute function must return None.")
-            return [err] * len(items)
+            return [err] * len(requests)
         result = list(result)
         if len(result) != len(requests):
             err = TriremeError(Code.INTERNAL, (
                 "Number of InferenceResponse objects do not match the number of InferenceRequest "
                 f"objects. InferenceRequest(s) size is:{len(requests)}, and InferenceResponse(s) "
                 f"size is:{len(result)}\n"))
-            return [err] * len(items)
-        return [_outputs_or_error(r) for r in result]
+            return [err] * len(requests)
+        return [_returned(r, req) for r, req in zip(result, requests)]
 
     def _async_done(self, future: Any, requests: list[Any], reply: Reply) -> None:
         """A decoupled async execute ended: if it raised, every request it left open fails."""
@@ -258,6 +281,18 @@ def _request(model: str, item: Any, tensors: dict[str, np.ndarray]) -> pb_utils.
         timeout=int(params.get("timeout", 0) or 0), parameters=params)
 
 
+def _returned(resp: Any, req: pb_utils.InferenceRequest) -> Any:
+    """A response execute() returned for ``req``. None stands for no response: the request
+    was answered through its sender, or it was cancelled and the model stopped (Triton's
+    execute_cancel example returns None for those)."""
+    if resp is None:
+        if req.get_response_sender()._closed:
+            return None
+        if req.is_cancelled():
+            return TriremeError(Code.CANCELLED, CANCELLED_TEXT)
+    return _outputs_or_error(resp)
+
+
 def _outputs_or_error(resp: Any) -> dict[str, np.ndarray] | TriremeError:
     if not isinstance(resp, pb_utils.InferenceResponse):
         return TriremeError(Code.INTERNAL, f"Expected an InferenceResponse object in the execute "
@@ -268,7 +303,7 @@ def _outputs_or_error(resp: Any) -> dict[str, np.ndarray] | TriremeError:
     return {t.name(): t.as_numpy() for t in resp.output_tensors()}
 
 
-def _sender(index: int, items: list[Any], reply: Reply) -> Callable[[Any, bool], None]:
+def _sender(index: int, reply: Reply) -> Callable[[Any, bool], None]:
     def send(response: pb_utils.InferenceResponse | None, final: bool) -> None:
         if response is None:
             reply(index, None, None, final)
