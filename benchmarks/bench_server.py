@@ -234,7 +234,11 @@ class Server:
         for line in text.splitlines():
             m = re.match(r'(nv_inference_\w+)\{([^}]*)\} (\S+)', line)   # Triton's bare names
             if m and f'model="{model}"' in m.group(2):
-                out[m.group(1)] += float(m.group(3))
+                name = m.group(1)
+                if name == "nv_inference_request_failure" and 'reason="CANCELED"' in m.group(2):
+                    # The load generator stopped with requests in flight: not a server error.
+                    name = "nv_inference_request_cancelled"
+                out[name] += float(m.group(3))
         return dict(out)
 
 

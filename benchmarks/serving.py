@@ -382,7 +382,9 @@ def _server_note(d: dict) -> str:
         return ""
     g = lambda k: d.get(f"nv_inference_compute_{k}_duration_us", 0) / n  # noqa: E731
     return (f"; worker µs/req in {g('input'):.0f} / infer {g('infer'):.0f} / out {g('output'):.0f}"
-            f"; batch {d.get('nv_inference_count', 0) / max(1, d.get('nv_inference_exec_count', 1)):.2f}")
+            f"; batch {d.get('nv_inference_count', 0) / max(1, d.get('nv_inference_exec_count', 1)):.2f}"
+            + (f"; {d['nv_inference_request_cancelled']:.0f} cancelled when the load generator "
+               "stopped" if d.get("nv_inference_request_cancelled") else ""))
 
 
 if __name__ == "__main__":
