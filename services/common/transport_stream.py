@@ -23,6 +23,7 @@ import os
 import socket
 import struct
 import threading
+import time
 from typing import Any, Callable, Sequence
 
 log = logging.getLogger(__name__)
@@ -39,10 +40,9 @@ class FramingError(ValueError):
 
 
 def _nbytes(p: Any) -> int:
-    try:
-        return p.nbytes          # memoryview, numpy array
-    except AttributeError:
-        return len(p)            # bytes, bytearray
+    # bytes (kind byte, header) is the common case; anything else is a buffer whose
+    # length in bytes memoryview knows (len() of a numpy array counts rows).
+    return len(p) if type(p) is bytes else memoryview(p).nbytes
 
 
 def frame(parts: Sequence[Any]) -> list[Any]:
@@ -351,12 +351,11 @@ class BlockingConnection:
 
     @staticmethod
     def _connect(family: int, sockaddr: Any, timeout: float | None) -> socket.socket:
-        import time
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             sock = socket.socket(family, socket.SOCK_STREAM)
             try:
-                sock.settimeout(timeout if timeout is not None else None)
+                sock.settimeout(timeout)
                 sock.connect(sockaddr)
                 sock.settimeout(None)
                 return sock
