@@ -5,7 +5,7 @@
     ipc:///path, tcp://host:port       ZeroMQ ROUTER/DEALER (transport_zmq)
 
 Both give the same three ends: a ``Listener`` (bound; answers each peer by the identity it
-announced), a ``Connection`` (connects, queues while disconnected, reconnects) on an
+announced; close() removes its socket file), a ``Connection`` (connects, queues while disconnected, reconnects) on an
 asyncio loop, and a ``BlockingConnection`` for the worker's synchronous loop. Received
 parts are memoryviews the handler may keep. Why two: ZeroMQ is what separate containers
 and existing deployments use; a plain stream socket costs a quarter of ZeroMQ's latency
@@ -64,14 +64,4 @@ def local_address(like: str, name: str) -> str:
     return f"unix://{path}" if is_stream(like) else f"ipc://{path}"
 
 
-def remove_path(address: str) -> None:
-    """Remove the socket file of a unix:// or ipc:// address."""
-    for scheme in ("unix://", "ipc://"):
-        if address.startswith(scheme):
-            try:
-                os.unlink(address[len(scheme):])
-            except FileNotFoundError:
-                pass
-
-
-__all__ = ["listen", "connect", "connect_blocking", "is_stream", "local_address", "remove_path"]
+__all__ = ["listen", "connect", "connect_blocking", "is_stream", "local_address"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 from typing import Any, Callable, Sequence
 
@@ -91,6 +92,14 @@ class Listener(_Driven):
 
     def _deliver(self, parts: list[zmq.Frame]) -> None:
         self.handler(parts[0].bytes, [f.buffer for f in parts[1:]])
+
+    def close(self) -> None:
+        super().close()
+        if self.address.startswith("ipc://"):   # ZeroMQ leaves the socket file behind
+            try:
+                os.unlink(self.address[len("ipc://"):])
+            except FileNotFoundError:
+                pass
 
     def send(self, identity: bytes, parts: Sequence[Any]) -> bool:
         try:

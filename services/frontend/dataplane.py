@@ -75,7 +75,6 @@ class DataPlane:
                 waiter.set_exception(TriremeError(Code.UNAVAILABLE, "server is shutting down"))
         self._sched.close()
         self._results.close()
-        transport.remove_path(self.result_addr)
         self._segments.close()
         if self._arena is not None:
             self._arena.close()

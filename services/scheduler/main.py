@@ -136,8 +136,6 @@ class Scheduler:
             await self.metrics_runner.cleanup()
         self.fsock.close()
         self.wsock.close()
-        for addr in (self.settings.frontend_addr, self.settings.worker_addr):
-            transport.remove_path(addr)
 
     # ------------------------------------------------------------------ frontends
     def _send_frontend(self, identity: bytes, msg: Any, frames: list[Any] = ()) -> None:

@@ -97,6 +97,7 @@ def test_round_trip_and_answer_by_identity(kind, tmp_path):
         for conn in conns.values():
             conn.close()
         listener.close()
+        assert not os.path.exists(tmp_path / "l.sock")   # the listener removes its socket file
 
     before = _fds()
     asyncio.run(main())
