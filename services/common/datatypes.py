@@ -358,6 +358,19 @@ def buffer_to_json(datatype: str, shape: Sequence[int], buf: Any) -> list[Any]:
     return _dense_view(datatype, shape, buf).tolist()  # FP16/BF16 -> float, BOOL -> bool
 
 
+def buffer_to_json_array(datatype: str, shape: Sequence[int], buf: Any) -> np.ndarray | list[Any]:
+    """buffer_to_json for an encoder that writes numpy arrays itself (orjson with
+    OPT_SERIALIZE_NUMPY): no Python object per element. Floats of every width become
+    float64, so each value is written as Triton writes it (the double's shortest form, as
+    buffer_to_json's Python floats are); BYTES stays a list of text."""
+    if datatype == "BYTES":
+        return buffer_to_json(datatype, shape, buf)
+    arr = _dense_view(datatype, shape, buf)
+    if datatype in ("FP32", "FP16", "BF16"):
+        arr = arr.astype(np.float64)
+    return arr
+
+
 def as_array(datatype: str, shape: Sequence[int], buf: Any) -> np.ndarray:
     """numpy view of a raw buffer (no copy; read-only if buf is); BYTES is decoded."""
     if datatype == "BYTES":

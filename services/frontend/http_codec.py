@@ -19,8 +19,9 @@ import zlib
 from typing import Any
 
 import msgspec
+import orjson
 
-from ..common.datatypes import (buffer_to_json, config_to_api, element_size, json_to_buffer,
+from ..common.datatypes import (buffer_to_json_array, config_to_api, element_size, json_to_buffer,
                                 numbers_to_buffer)
 from ..common.errors import TriremeError, internal, invalid_arg
 from .types import CoreRequest, CoreResponse, InputTensor, RequestedOutput
@@ -33,6 +34,9 @@ __all__ = [
 ]
 
 encode_json = msgspec.json.Encoder().encode
+# Inference responses: orjson writes the numpy arrays of JSON outputs without a Python
+# number per element, half the cost of a list through msgspec for a [1,1024] FP32 output.
+_encode_response = functools.partial(orjson.dumps, option=orjson.OPT_SERIALIZE_NUMPY)
 _decode = msgspec.json.Decoder().decode
 _U32 = struct.Struct("<I")
 _MSGSPEC_ERROR = re.compile(r"^(?:JSON is malformed: )?(.*?)(?: \(byte (\d+)\))?$")
@@ -393,16 +397,16 @@ def encode_infer_response(resp: CoreResponse, req: CoreRequest,
     if resp.parameters:
         doc["parameters"] = resp.parameters
     doc["outputs"] = outputs
-    header = encode_json(doc)
+    header = _encode_response(doc)
     if not parts:  # Triton: no binary bytes -> plain JSON, no header-length header
         return header, None
     return b"".join([header, *parts]), len(header)
 
 
-def _output_json(name: str, datatype: str, shape: list[int], data: Any) -> list[Any]:
+def _output_json(name: str, datatype: str, shape: list[int], data: Any) -> Any:
     # Differs from Triton: FP16/BF16 outputs are written as JSON numbers, not refused.
     try:
-        return buffer_to_json(datatype, shape, data)
+        return buffer_to_json_array(datatype, shape, data)
     except TriremeError as e:  # the backend's fault, not the client's
         raise internal(f"output tensor shape does not match size of output for "
                        f"'{name}': {e.message}") from None

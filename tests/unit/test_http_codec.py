@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import math
 import struct
 import zlib
 
@@ -273,6 +274,36 @@ def test_output_binary_data_rules(requested, binary_default, binary):
     assert got == binary
     assert [("data" in o) for o in doc["outputs"]] == [not b for b in binary]
     assert len(rest) == 16 * sum(binary)
+
+
+@pytest.mark.parametrize("datatype", ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8",
+                                      "INT16", "INT32", "INT64", "FP16", "FP32", "FP64", "BF16"])
+def test_json_output_numbers_are_written_as_doubles(datatype):
+    """Every value of a JSON output reads back as the tensor's value widened to a double
+    (what Triton writes), extremes and unaligned bytes included; NaN and infinities, which
+    JSON cannot hold, are null."""
+    from services.common.datatypes import numpy_dtype
+    dtype = numpy_dtype(datatype)
+    if datatype == "BOOL":
+        arr = np.array([True, False, True])
+    elif dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        arr = np.array([info.min, info.max, 0, 1, info.max // 3], dtype=dtype)
+    else:
+        import ml_dtypes
+        fin = ml_dtypes.finfo(dtype)
+        with np.errstate(over="ignore"):
+            arr = np.array([0.1, -2.5e-3, 1e20, 3e-30, float(fin.max), float(fin.tiny),
+                            -0.0, np.inf, -np.inf, np.nan, 123456.789], dtype=dtype)
+    raw = memoryview(b"\0" + arr.tobytes())[1:]          # an unaligned frame
+    resp = CoreResponse("m", "1", outputs=[OutputTensor("O", datatype, [arr.size], raw)])
+    body, n = codec.encode_infer_response(resp, CoreRequest("m"), False)
+    got = json.loads(body)["outputs"][0]["data"]
+    want = [None if isinstance(v, float) and not math.isfinite(v) else v
+            for v in (arr.astype(np.float64) if dtype.kind == "f" or datatype == "BF16"
+                      else arr).tolist()]
+    assert got == want
+    assert all(type(g) is type(w) for g, w in zip(got, want))
 
 
 def test_empty_binary_output_is_plain_json():
