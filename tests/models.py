@@ -169,3 +169,47 @@ def scale(model_dir: Path, shape: list, factor: float = 3.0) -> None:
         [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, shape)],
         initializer=[helper.make_tensor("k", TensorProto.FLOAT, [], [factor])])
     _save(g, model_dir / "1" / "model.onnx")
+
+
+def ragged_sum(model_dir: Path) -> None:
+    """A ragged-batching model (Triton's ragged_batching.md example): INPUT FP32 [n] holds
+    every request's elements one after another, INDEX INT32 [requests] where each request's
+    elements end (BATCH_ACCUMULATED_ELEMENT_COUNT), COUNT FP32 [requests] (BATCH_ELEMENT_COUNT).
+    SUM [requests, 1] = each request's sum (differences of a running sum; exact for
+    integer values), COUNT_OUT [requests, 1] = COUNT."""
+    i64 = TensorProto.INT64
+    g = helper.make_graph(
+        [helper.make_node("CumSum", ["INPUT", "axis"], ["running"]),
+         helper.make_node("Concat", ["zero", "running"], ["prefix"], axis=0),   # [n + 1]
+         helper.make_node("Slice", ["INDEX", "first", "last", "axis1"], ["before"]),
+         helper.make_node("Concat", ["izero", "before"], ["starts"], axis=0),   # [0, INDEX[:-1]]
+         helper.make_node("Gather", ["prefix", "INDEX"], ["end_sum"], axis=0),
+         helper.make_node("Gather", ["prefix", "starts"], ["start_sum"], axis=0),
+         helper.make_node("Sub", ["end_sum", "start_sum"], ["sums"]),
+         helper.make_node("Unsqueeze", ["sums", "axes"], ["SUM"]),
+         helper.make_node("Unsqueeze", ["COUNT", "axes"], ["COUNT_OUT"])],
+        "ragged_sum",
+        [helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, ["n"]),
+         helper.make_tensor_value_info("INDEX", TensorProto.INT32, ["requests"]),
+         helper.make_tensor_value_info("COUNT", TensorProto.FLOAT, ["requests"])],
+        [helper.make_tensor_value_info("SUM", TensorProto.FLOAT, ["requests", 1]),
+         helper.make_tensor_value_info("COUNT_OUT", TensorProto.FLOAT, ["requests", 1])],
+        initializer=[helper.make_tensor("axis", i64, [], [0]),
+                     helper.make_tensor("zero", TensorProto.FLOAT, [1], [0.0]),
+                     helper.make_tensor("izero", TensorProto.INT32, [1], [0]),
+                     helper.make_tensor("first", i64, [1], [0]),
+                     helper.make_tensor("last", i64, [1], [-1]),
+                     helper.make_tensor("axis1", i64, [1], [0]),
+                     helper.make_tensor("axes", i64, [1], [1])])
+    _save(g, model_dir / "1" / "model.onnx")
+
+
+def flat_identity(model_dir: Path, scale: float = 2.0) -> None:
+    """INPUT0 FP32 [n] -> OUTPUT0 = INPUT0 * scale, one dimension in and out: a ragged
+    input whose output goes back by BATCH_SCATTER_WITH_INPUT_SHAPE (Triton's ragged_io)."""
+    g = helper.make_graph(
+        [helper.make_node("Mul", ["INPUT0", "k"], ["OUTPUT0"])], "flat_identity",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["n"])],
+        initializer=[helper.make_tensor("k", TensorProto.FLOAT, [], [scale])])
+    _save(g, model_dir / "1" / "model.onnx")

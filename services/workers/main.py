@@ -30,6 +30,7 @@ from services.common.datatypes import (datatype_of, deserialize_bytes_tensor, nu
 from services.common.errors import Code, TriremeError
 from services.common.procutil import die_with_parent, set_title
 from services.common.shm import DEFAULT_INLINE_THRESHOLD, Arena, SegmentMap, ShmUnavailable
+from services.workers.batch_io import BatchIO
 
 log = logging.getLogger("trireme.worker")
 
@@ -52,6 +53,7 @@ class Worker:
         self.inline_threshold = inline_threshold
         self.backend: Any = None
         self.per_request = False   # the backend answers each request itself (Python)
+        self.batch_io: BatchIO | None = None   # ragged inputs, batch_input/batch_output
         # A Python model may send responses from its own threads: the output arena and
         # the result sockets are used under this lock.
         self.lock = threading.Lock()
@@ -104,6 +106,8 @@ class Worker:
             cfg = mc.ModelConfig.FromString(msg.config)
             self.backend = create_backend(cfg, msg)
             self.per_request = getattr(self.backend, "per_request", False)
+            # Decided once here: batches of models without any keep the plain path.
+            self.batch_io = None if self.per_request else BatchIO.of(self.backend.config)
             cancels = getattr(self.backend, "cancels", None)
             if cancels is not None:   # its models can stop early: open the cancel channel
                 cancels.listen(self.scheduler_addr, self.worker_id)
@@ -179,8 +183,11 @@ class Worker:
     def _run_batch(self, items: list[m.BatchItem], per_item: list[dict], replies: dict,
                    times: list[int]) -> None:
         """A tensor backend: one execution over the whole batch."""
+        bio = self.batch_io
         # 1. gather: a single request is used in place; a batch is one copy per input.
-        if len(items) == 1:
+        if bio is not None:   # ragged inputs flattened, batch inputs generated
+            inputs = bio.gather(per_item)
+        elif len(items) == 1:
             inputs = per_item[0]
         else:
             inputs = {name: np.concatenate([p[name] for p in per_item]) for name in per_item[0]}
@@ -190,6 +197,11 @@ class Worker:
         times[1] = time.perf_counter_ns()
         # 3. scatter: split back per request as views; one message per frontend carries
         #    all of its results (ZeroMQ costs per message, not per byte).
+        if bio is not None:   # batch outputs split by their source input's shapes
+            split = bio.scatter(outputs, [it.batch_size for it in items], per_item)
+            for it, mine in zip(items, split):
+                self._add_result(replies, it, [(n, mine[n]) for n in it.outputs or mine])
+            return
         start = 0
         for it in items:
             stop = start + it.batch_size

@@ -100,8 +100,11 @@ def _reshape(model: ov.Model, cfg, static_batch: bool, reshape_io: bool) -> None
     mbs = cfg.max_batch_size
     dims = {io.name: list(io.reshape.shape if io.HasField("reshape") else io.dims)
             for io in cfg.input} if reshape_io else {}
+    flat = _flat_inputs(cfg)
     new = {}
     for port in model.inputs:
+        if flat & port.get_names():   # one dimension of elements, no batch dimension
+            continue
         shape = port.get_partial_shape()
         want = list(shape)
         name = next((n for n in port.get_names() if n in dims), "")
@@ -123,6 +126,18 @@ def _reshape(model: ov.Model, cfg, static_batch: bool, reshape_io: bool) -> None
         except RuntimeError as e:
             what = ", ".join(f"{p.get_any_name()} {s}" for p, s in new.items())
             raise _ov_error(Code.INVALID_ARG, f"reshaping the inputs to {what}", e) from e
+
+
+def _flat_inputs(cfg) -> set[str]:
+    """Inputs the worker feeds as one flat dimension: ragged inputs and batch inputs."""
+    return ({io.name for io in cfg.input if io.allow_ragged_batch}
+            | {t for b in cfg.batch_input for t in b.target_name})
+
+
+def _config_inputs(cfg) -> list[tuple[str, int]]:
+    """(name, config datatype) of every model input: the config's, then batch inputs'."""
+    return ([(io.name, io.data_type) for io in cfg.input]
+            + [(t, b.data_type) for b in cfg.batch_input for t in b.target_name])
 
 
 def _specs(ports, batch: int) -> list[tuple[str, str, list[int]]]:
@@ -198,30 +213,32 @@ def _match_config(model: ov.Model, cfg) -> ov.Model:
     """Triton's ValidateInputs/ValidateOutputs: the config names every input, each configured
     tensor exists, and its configured data type becomes the tensor type (OpenVINO inserts the
     conversion)."""
-    if len(cfg.input) != len(model.inputs):
-        raise _err(f"unable to load model '{cfg.name}', configuration expects {len(cfg.input)} "
+    inputs = _config_inputs(cfg)   # (batch inputs too: Triton's OpenVINO backend has none)
+    if len(inputs) != len(model.inputs):
+        raise _err(f"unable to load model '{cfg.name}', configuration expects {len(inputs)} "
                    f"inputs, model provides {len(model.inputs)}")
     ppp = PrePostProcessor(model)
     changed = False
-    for kind, ios, ports, side in (("input", cfg.input, model.inputs, ppp.input),
-                                   ("output", cfg.output, model.outputs, ppp.output)):
+    outputs = [(io.name, io.data_type) for io in cfg.output]
+    for kind, ios, ports, side in (("input", inputs, model.inputs, ppp.input),
+                                   ("output", outputs, model.outputs, ppp.output)):
         names = {n: p for p in ports for n in p.get_names()}
-        for io in ios:
-            port = names.get(io.name)
+        for name, data_type in ios:
+            port = names.get(name)
             if port is None:
-                raise _err(f"unexpected inference {kind} '{io.name}', allowed {kind}s are: "
+                raise _err(f"unexpected inference {kind} '{name}', allowed {kind}s are: "
                            + ", ".join(sorted(p.get_any_name() for p in ports)))
-            config_type = mc.DataType.Name(io.data_type)
+            config_type = mc.DataType.Name(data_type)
             want = _OV_TYPES.get(config_to_api(config_type))
             if want is None:
-                raise _err(f"unsupported datatype {config_type} for {kind} '{io.name}' for model "
+                raise _err(f"unsupported datatype {config_type} for {kind} '{name}' for model "
                            f"'{cfg.name}'")
             if port.get_element_type() != want:
                 if ov.Type.string in (want, port.get_element_type()):   # no conversion exists
                     raise _err(f"unable to load model '{cfg.name}', configuration expects "
-                               f"datatype {config_type} for {kind} '{io.name}', model provides "
+                               f"datatype {config_type} for {kind} '{name}', model provides "
                                f"{api_to_config(_TYPES[port.get_element_type().get_type_name()])}")
-                side(io.name).tensor().set_element_type(want)
+                side(name).tensor().set_element_type(want)
                 changed = True
     if not changed:
         return model
@@ -269,9 +286,9 @@ class OpenVINOBackend:
         self.request = compiled.create_infer_request()
         # By the config's names (a port may have several): they are what requests use.
         # A string tensor's entry is its three parts.
-        self._inputs = {io.name: tuple(compiled.input(io.name + s) for s in _PARTS)
-                        if io.name in string_in else compiled.input(io.name)
-                        for io in self.config.input}
+        self._inputs = {name: tuple(compiled.input(name + s) for s in _PARTS)
+                        if name in string_in else compiled.input(name)
+                        for name, _ in _config_inputs(self.config)}
         self._outputs = {io.name: tuple(compiled.output(io.name + s) for s in _PARTS)
                          if io.name in string_out else compiled.output(io.name)
                          for io in self.config.output}

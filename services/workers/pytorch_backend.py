@@ -108,12 +108,13 @@ def _check_types(cfg, kind: str, ios) -> None:
 def _bind_inputs(cfg, args: list[str], warn: bool = True) -> list[str]:
     """Config input names in forward() argument order (ValidateInputs + GetNamingConvention)."""
     n = cfg.name
-    names = [io.name for io in cfg.input]
+    # Batch inputs come after the config's inputs (Triton: index i + number of inputs).
+    names = [io.name for io in cfg.input] + [t for b in cfg.batch_input for t in b.target_name]
     controls = [c.name for c in cfg.sequence_batching.control_input]
     if len(args) != len(names) + len(controls):
         raise _err(f"unable to load model '{n}', configuration expects "
                    f"{len(names) + len(controls)} inputs, model provides {len(args)}")
-    if not names:
+    if not cfg.input:
         raise _err("model configuration must contain at least one input, none were specified.")
     if all(name in args for name in names):
         pos = {name: args.index(name) for name in names}
@@ -280,9 +281,9 @@ class PyTorchBackend:
                 log.warning("INTER_OP_THREAD_COUNT of '%s' not applied: %s", cfg.name, e)
 
     def _bind(self, cfg, arg_types: dict[str, Any]) -> None:
-        if cfg.batch_input or cfg.sequence_batching.state:
-            raise TriremeError(Code.UNSUPPORTED, f"model '{cfg.name}': batch_input and sequence "
-                                                 "state are not supported by the pytorch backend yet")
+        if cfg.sequence_batching.state:
+            raise TriremeError(Code.UNSUPPORTED, f"model '{cfg.name}': sequence state is not "
+                                                 "supported by the pytorch backend yet")
         kinds = [t.kind() if t is not None else "TensorType" for t in arg_types.values()]
         # Triton: a single Dict(str, Tensor) argument takes every input by name.
         self._dict_input = kinds == ["DictType"]

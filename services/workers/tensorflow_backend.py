@@ -228,10 +228,13 @@ class _GraphDef:
             raise _err(f"model {name} has an empty network")
         placeholders = {n.name for n in graph_def.node if n.op == "Placeholder"}
         others = {n.name for n in graph_def.node if n.op != "Placeholder"}
-        if len(cfg.input) > len(placeholders):
-            raise _err(f"unable to load model '{name}', configuration expects {len(cfg.input)} "
+        # Batch inputs are placeholders the worker feeds too: checked like the inputs.
+        inputs = [*cfg.input, *(mc.ModelInput(name=t, data_type=b.data_type)
+                                for b in cfg.batch_input for t in b.target_name)]
+        if len(inputs) > len(placeholders):
+            raise _err(f"unable to load model '{name}', configuration expects {len(inputs)} "
                        f"inputs, model provides at most {len(placeholders)}")
-        for kind, ios, allowed in (("input", cfg.input, placeholders),
+        for kind, ios, allowed in (("input", inputs, placeholders),
                                    ("output", cfg.output, others)):
             for io in ios:
                 if io.name not in allowed:
@@ -247,7 +250,7 @@ class _GraphDef:
         # Triton leaves datatypes to fail at run time; checking them here fails the load instead.
         graph = self._wrapped.graph
         self.dtypes = {}
-        for kind, ios in (("input", cfg.input), ("output", cfg.output)):
+        for kind, ios in (("input", inputs), ("output", cfg.output)):
             for io in ios:
                 self.dtypes[io.name] = graph.get_tensor_by_name(f"{io.name}:0").dtype
                 have = _datatype(self.dtypes[io.name], kind, io.name, name)
