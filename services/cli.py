@@ -40,7 +40,8 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate-limit", choices=["off", "execution_count"], default="off",
                    help="execution_count: instances run only while their resources are free")
     p.add_argument("--rate-limit-resource", action="append", default=[], type=_resource,
-                   metavar="NAME:COUNT[:DEVICE]", help="resources available to the rate limiter")
+                   metavar="NAME:COUNT[:DEVICE]",
+                   help="resources available to the rate limiter (no device, or -1: on every device)")
 
 
 def _resource(v: str) -> str:

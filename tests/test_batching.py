@@ -2,8 +2,9 @@
 TRITONSERVER_DELAY_SCHEDULER hook, priorities, queue policies and preserve_ordering.
 
 Two servers: one started with TRITONSERVER_DELAY_SCHEDULER=4 (every model's batcher holds
-its first requests until four are queued, so batch formation does not depend on how the
-client threads race), one without it for the queue-policy and ordering tests.
+its first requests until four are queued, so batch formation and order do not depend on how
+the client threads race), one without it for the queue-policy tests.
+nv_inference_pending_request_count counts requests waiting to execute, not running ones.
 """
 from __future__ import annotations
 
@@ -50,6 +51,9 @@ def hooked(tmp_path_factory):
                max_batch_size=1)
     models.lookup(root / "lookup")
     models.write_config(root / "lookup", f"max_batch_size: 8\n{ONE_CPU}dynamic_batching {{ }}\n")
+    slow_model(root, "waiting", "dynamic_batching { }")
+    slow_model(root, "ordered", "dynamic_batching { preserve_ordering: true }", width=256, count=2)
+    slow_model(root, "unordered", "dynamic_batching { }", width=256, count=2)
     with start_server(root, env={"TRITONSERVER_DELAY_SCHEDULER": "4"}) as srv:
         yield srv
 
@@ -62,8 +66,6 @@ def plain(tmp_path_factory):
                                  "default_timeout_microseconds: 50000 } }")
     slow_model(root, "override", "dynamic_batching { default_queue_policy { "
                                  "default_timeout_microseconds: 60000000 allow_timeout_override: true } }")
-    slow_model(root, "ordered", "dynamic_batching { preserve_ordering: true }", width=256, count=2)
-    slow_model(root, "unordered", "dynamic_batching { }", width=256, count=2)
     with start_server(root) as srv:
         yield srv
 
@@ -116,12 +118,15 @@ def metric(srv, family: str, model: str) -> float:
     return 0.0
 
 
-def slow_infer(srv, model: str, rows: int, width: int = SLOW_WIDTH, **kw) -> float:
+def slow_infer(srv, model: str, rows: int, width: int = SLOW_WIDTH, protocol: str = "http",
+               **kw) -> float:
     """One request of `rows` rows; returns the monotonic time its response arrived."""
-    c = httpclient.InferenceServerClient(srv.http_url, network_timeout=60)
+    lib = httpclient if protocol == "http" else grpcclient
+    url = srv.http_url if protocol == "http" else srv.grpc_url
+    c = lib.InferenceServerClient(url, **({"network_timeout": 60} if protocol == "http" else {}))
     try:
         x = np.arange(rows * width, dtype=np.float32).reshape(rows, width)
-        inp = httpclient.InferInput("INPUT0", [rows, width], "FP32")
+        inp = lib.InferInput("INPUT0", [rows, width], "FP32")
         inp.set_data_from_numpy(x)
         out = c.infer(model, [inp], **kw).as_numpy("OUTPUT0")
         done = time.monotonic()
@@ -129,6 +134,25 @@ def slow_infer(srv, model: str, rows: int, width: int = SLOW_WIDTH, **kw) -> flo
         return done
     finally:
         c.close()
+
+
+def pending(srv, model: str) -> float:
+    return metric(srv, "nv_inference_pending_request_count", model)
+
+
+def wait_pending(srv, model: str, n: int, what: str) -> None:
+    wait_until(lambda: pending(srv, model) == n, 30, what, interval=0.01)
+
+
+def errors_of(futures) -> list[InferenceServerException]:
+    """The exceptions the futures raised (InferenceServerException only)."""
+    out = []
+    for f in futures:
+        try:
+            f.result()
+        except InferenceServerException as e:
+            out.append(e)
+    return out
 
 
 # ---------------------------------------------------------------- batch formation
@@ -220,77 +244,108 @@ def test_execution_error_fails_its_batch_only(hooked):
 
 
 # ---------------------------------------------------------------- queue policies
-def test_full_queue_rejects_with_503(plain):
-    with cf.ThreadPoolExecutor(3) as pool:
-        running = pool.submit(slow_infer, plain, "full", 64)
-        wait_until(lambda: metric(plain, "nv_inference_pending_request_count", "full") == 1,
-                   30, "the first request to run")
-        queued = [pool.submit(slow_infer, plain, "full", 1) for _ in range(2)]
-        wait_until(lambda: metric(plain, "nv_inference_pending_request_count", "full") == 3,
-                   30, "two queued requests")
-        c = httpclient.InferenceServerClient(plain.http_url)
-        inp = httpclient.InferInput("INPUT0", [1, SLOW_WIDTH], "FP32")
-        inp.set_data_from_numpy(np.zeros((1, SLOW_WIDTH), np.float32))
+# One instance, 64-row requests of ~0.4 s each: whichever of two arrives first runs, the
+# other waits (nv_inference_pending_request_count counts waiting requests, not running ones).
+def reject_one(srv, model: str, protocol: str, request_id: str = "") -> InferenceServerException:
+    lib = httpclient if protocol == "http" else grpcclient
+    c = lib.InferenceServerClient(srv.http_url if protocol == "http" else srv.grpc_url)
+    inp = lib.InferInput("INPUT0", [1, SLOW_WIDTH], "FP32")
+    inp.set_data_from_numpy(np.zeros((1, SLOW_WIDTH), np.float32))
+    try:
         with pytest.raises(InferenceServerException) as e:
-            c.infer("full", [inp])
-        assert e.value.status() == "503"
-        assert e.value.message() == "Exceeds maximum queue size"
+            c.infer("full", [inp], request_id=request_id)
+        return e.value
+    finally:
         c.close()
-        running.result()
-        [f.result() for f in queued]      # nothing else was lost
+
+
+def test_full_queue_rejects_with_503(plain):
+    """max_queue_size 2: one request runs, two wait; the next ones are refused at once, the
+    message prefixed with the request's id when it has one (Triton's LogRequest())."""
+    with cf.ThreadPoolExecutor(7) as pool:
+        first = [pool.submit(slow_infer, plain, "full", 64) for _ in range(2)]
+        wait_pending(plain, "full", 1, "one request running, one queued")
+        last = pool.submit(slow_infer, plain, "full", 64)
+        wait_pending(plain, "full", 2, "a full queue")
+        # All four at once, while the running request still has most of its ~0.4 s to go.
+        cases = [("http", ""), ("http", "abc"), ("grpc", ""), ("grpc", "id-7")]
+        errors = list(pool.map(lambda case: reject_one(plain, "full", *case), cases))
+        [f.result() for f in first + [last]]      # nothing else was lost
+    assert [e.status() for e in errors] == ["503", "503", "StatusCode.UNAVAILABLE",
+                                            "StatusCode.UNAVAILABLE"]
+    assert [e.message() for e in errors] == [
+        "Exceeds maximum queue size", "[request id: abc] Exceeds maximum queue size",
+        "Exceeds maximum queue size", "[request id: id-7] Exceeds maximum queue size"]
     # A worker answers the client before it reports the batch to the scheduler.
     wait_until(lambda: stats(plain, "full")["inference_stats"]["success"]["count"] == 3, 10,
                "the statistics of the three executed requests")
     st = stats(plain, "full")
-    assert st["inference_stats"]["fail"]["count"] == 1
+    assert st["inference_stats"]["fail"]["count"] == 4
     assert st["inference_stats"]["success"]["count"] == 3
-    assert metric(plain, "nv_inference_pending_request_count", "full") == 0
+    assert pending(plain, "full") == 0
 
 
 def test_request_that_waits_past_its_timeout_is_rejected(plain):
+    """Default timeout 50 ms: of two ~0.4 s requests, the one that waits is rejected. Triton
+    does not prefix this error with the request id (a static Status in its batcher)."""
     with cf.ThreadPoolExecutor(2) as pool:
-        running = pool.submit(slow_infer, plain, "expiring", 64)   # ~0.4 s
-        wait_until(lambda: metric(plain, "nv_inference_pending_request_count", "expiring") == 1,
-                   30, "the first request to run")
-        late = pool.submit(slow_infer, plain, "expiring", 1)      # 50 ms default timeout
-        running.result()
-        with pytest.raises(InferenceServerException) as e:
-            late.result()
-    assert e.value.status() == "503"
-    assert e.value.message() == "Request timeout expired"
+        futures = [pool.submit(slow_infer, plain, "expiring", 64, request_id="t-http"),
+                   pool.submit(slow_infer, plain, "expiring", 64, protocol="grpc",
+                               request_id="t-grpc")]
+        errors = errors_of(futures)
+    assert len(errors) == 1
+    assert errors[0].status() in ("503", "StatusCode.UNAVAILABLE")
+    assert errors[0].message() == "Request timeout expired"
     assert metric(plain, "nv_inference_request_failure", "expiring") >= 0
     assert stats(plain, "expiring")["inference_stats"]["fail"]["count"] == 1
 
 
 def test_request_timeout_can_only_shorten_the_default(plain):
+    """Default timeout 60 s, overridable: two requests asking for 20 ms and one asking for
+    nothing. Whichever runs first, a 20 ms one waits past its timeout; the patient one
+    always runs."""
     with cf.ThreadPoolExecutor(3) as pool:
-        running = pool.submit(slow_infer, plain, "override", 64)
-        wait_until(lambda: metric(plain, "nv_inference_pending_request_count", "override") == 1,
-                   30, "the first request to run")
-        short = pool.submit(slow_infer, plain, "override", 1, timeout=20000)     # 20 ms
-        patient = pool.submit(slow_infer, plain, "override", 1)
-        running.result()
+        short = [pool.submit(slow_infer, plain, "override", 64, timeout=20000) for _ in range(2)]
+        patient = pool.submit(slow_infer, plain, "override", 64)
         patient.result()
-        with pytest.raises(InferenceServerException, match="Request timeout expired"):
-            short.result()
+        errors = errors_of(short)
+    assert errors and all(e.message() == "Request timeout expired" for e in errors)
+
+
+# ---------------------------------------------------------------- pending request count
+def test_pending_request_count_counts_waiting_not_running(hooked):
+    """Triton's nv_inference_pending_request_count: up when a request is queued, down when
+    an instance starts executing it. The hook holds three; the fourth releases all four as
+    one ~0.4 s batch, during which the gauge is already 0."""
+    with cf.ThreadPoolExecutor(4) as pool:
+        held = [pool.submit(slow_infer, hooked, "waiting", 16) for _ in range(3)]
+        wait_pending(hooked, "waiting", 3, "three held requests")
+        held.append(pool.submit(slow_infer, hooked, "waiting", 16))
+        wait_pending(hooked, "waiting", 0, "the batch to start")
+        executed_while_zero = metric(hooked, "nv_inference_exec_count", "waiting")
+        [f.result() for f in held]
+    assert executed_while_zero == 0               # the batch was still running
+    assert_batches(hooked, "waiting", {64: 1})
+    assert pending(hooked, "waiting") == 0
 
 
 # ---------------------------------------------------------------- ordering
 @pytest.mark.parametrize("model,ordered", [("ordered", True), ("unordered", False)])
-def test_preserve_ordering_holds_later_responses(plain, model, ordered):
-    """Two instances: a 64-row request (~0.1 s), then a 1-row one (~2 ms) on the other
-    instance. Without preserve_ordering the small response arrives long before the big one;
-    with it, the small response is held and both leave together (the two client threads
-    may then see them in either order, so the check is on the gap, not the order)."""
-    with cf.ThreadPoolExecutor(2) as pool:
-        big = pool.submit(slow_infer, plain, model, 64, 256)
-        wait_until(lambda: metric(plain, "nv_inference_pending_request_count", model) == 1,
-                   30, "the big request to run")
-        small = pool.submit(slow_infer, plain, model, 1, 256)
-        t_big, t_small = big.result(), small.result()
-    early = t_big - t_small       # how long before the big response the small one arrived
+def test_preserve_ordering_holds_later_responses(hooked, model, ordered):
+    """Two instances; the hook queues a 64-row request (~0.1 s), then three 1-row ones, in
+    that order, and releases them together: the big one runs on one instance, the three
+    small ones as a batch of 3 (~2 ms) on the other. Without preserve_ordering the small
+    responses arrive long before the big one; with it, they are held until it is sent."""
+    with cf.ThreadPoolExecutor(4) as pool:
+        big = pool.submit(slow_infer, hooked, model, 64, 256)
+        wait_pending(hooked, model, 1, "the big request to be queued")
+        small = [pool.submit(slow_infer, hooked, model, 1, 256)]
+        wait_pending(hooked, model, 2, "a small request to be queued after it")
+        small += [pool.submit(slow_infer, hooked, model, 1, 256) for _ in range(2)]
+        t_big, t_small = big.result(), max(f.result() for f in small)
+    early = t_big - t_small       # how long before the big response the small ones arrived
     if ordered:
         assert early < 0.03, early
     else:
         assert early > 0.03, early
-    assert_batches(plain, model, {1: 1, 64: 1})
+    assert_batches(hooked, model, {64: 1, 3: 1})

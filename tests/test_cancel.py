@@ -205,14 +205,14 @@ def test_queued_request_cancelled_never_runs_and_frees_its_input(srv, gate):
     start(client, calls, 1)
     wait_until(lambda: logged(gate, "calls") == [1], WAIT_S, "request 1 to run")
     queued = start(client, calls, 2)               # the only instance is busy: it waits
-    wait_until(lambda: metric(srv, "nv_inference_pending_request_count", "gate") == 2,
-               WAIT_S, "request 2 to be queued")
+    wait_until(lambda: metric(srv, "nv_inference_pending_request_count", "gate") == 1,
+               WAIT_S, "request 2 to be queued")  # (the running one is not pending)
     queued.cancel()
     tag, result, error = calls.get()
     assert (tag, result) == (2, None) and error.status() == str(grpc.StatusCode.CANCELLED)
     wait_until(lambda: cancelled_count(srv, "gate") == cancels + 1, WAIT_S,
                "the CANCELED failure metric")
-    assert metric(srv, "nv_inference_pending_request_count", "gate") == 1
+    assert metric(srv, "nv_inference_pending_request_count", "gate") == 0
     (gate / "hold").unlink()
     assert calls.get()[0] == 1
     # The next request runs; the cancelled one never did.
@@ -226,8 +226,8 @@ def test_queued_request_cancelled_never_runs_and_frees_its_input(srv, gate):
     (gate / "hold").touch()
     for tag in (4, 5):
         start(client, calls, tag)
-    wait_until(lambda: metric(srv, "nv_inference_pending_request_count", "gate") == 2,
-               WAIT_S, "two requests held")
+    wait_until(lambda: metric(srv, "nv_inference_pending_request_count", "gate") == 1,
+               WAIT_S, "two requests held (one running, one queued)")
     assert frontend_segments(srv) == segments
     (gate / "hold").unlink()
     assert sorted(calls.get()[0] for _ in range(2)) == [4, 5]
@@ -242,7 +242,7 @@ def test_many_queued_requests_cancelled_at_once(srv, gate):
     wait_until(lambda: logged(gate, "calls") == [1], WAIT_S, "request 1 to run")
     queued = [client.async_infer("gate", gate_inputs(tag, rows=4), partial(calls.callback, tag))
               for tag in range(100, 140)]
-    wait_until(lambda: metric(srv, "nv_inference_pending_request_count", "gate") == 41,
+    wait_until(lambda: metric(srv, "nv_inference_pending_request_count", "gate") == 40,
                WAIT_S, "40 requests to be queued")
     for q in queued:
         q.cancel()
@@ -276,6 +276,7 @@ def test_client_timeout_cancels_a_queued_request(srv, gate):
 def test_cancel_reaches_a_running_sync_execute(srv, gate):
     """The worker's main thread is inside execute(); the cancel still gets through."""
     client = grpcclient.InferenceServerClient(srv.grpc_url)
+    executions = count(stats(client, "gate"), "execution_count")
     calls = Calls()
     running = start(client, calls, 7)
     wait_until(lambda: logged(gate, "calls") == [7], WAIT_S, "request 7 to run")
@@ -284,7 +285,7 @@ def test_cancel_reaches_a_running_sync_execute(srv, gate):
     wait_until(lambda: logged(gate, "cancelled") == [7], WAIT_S,
                "the model to see is_cancelled()")
     assert (gate / "hold").exists()                # it stopped early, not released
-    wait_until(lambda: metric(srv, "nv_inference_pending_request_count", "gate") == 0,
+    wait_until(lambda: count(stats(client, "gate"), "execution_count") == executions + 1,
                WAIT_S, "the request to finish")
     (gate / "hold").unlink()
     assert client.infer("gate", gate_inputs(8, rows=4)).as_numpy("OUT").tolist() == [8]
@@ -305,7 +306,7 @@ def test_aio_task_cancel_cancels_a_queued_request(srv, gate):
                                 "request 1 to run")
         queued = asyncio.ensure_future(client.infer("gate", gate_inputs(2, rows=4)))
         await asyncio.to_thread(
-            wait_until, lambda: metric(srv, "nv_inference_pending_request_count", "gate") == 2,
+            wait_until, lambda: metric(srv, "nv_inference_pending_request_count", "gate") == 1,
             WAIT_S, "request 2 to be queued")
         queued.cancel()
         with pytest.raises(asyncio.CancelledError):

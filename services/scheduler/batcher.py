@@ -8,7 +8,8 @@ passes ``now`` (monotonic ns), so unit tests give exact arrival patterns.
 Dynamic batching (reference/protocol.md §5, after Triton's DynamicBatchScheduler):
 - walk the queue in order (priority level 1 first; within a level, on-time requests, then
   the ones a DELAY policy pushed back), growing a pending batch; stop before exceeding
-  max_batch_size, or at a request whose shape differs where shapes must be equal;
+  max_batch_size, or at a request whose shape differs where shapes must be equal, or whose
+  shape tensors (TensorRT `is_shape_tensor` inputs) differ in shape or contents;
 - remember the largest pending size equal to a preferred size; crossing the largest
   preferred size also marks the cursor;
 - send when a preferred size was reached and the oldest pending request is within the
@@ -52,6 +53,7 @@ class BatcherConfig:
     default_priority: int = 0
     policies: dict[int, QueuePolicy] = field(default_factory=dict)   # level -> policy
     equal_shape_inputs: frozenset[str] = frozenset()
+    shape_tensors: frozenset[str] = frozenset()   # also compared by contents (and full shape)
     has_optional_input: bool = False
     delay_count: int = 0                # TRITONSERVER_DELAY_SCHEDULER
 
@@ -76,6 +78,7 @@ class BatcherConfig:
             preserve_ordering=db.preserve_ordering, priority_levels=levels,
             default_priority=db.default_priority_level if levels else 0, policies=policies,
             equal_shape_inputs=equal, has_optional_input=any(i.optional for i in cfg.input),
+            shape_tensors=frozenset(i.name for i in cfg.input if i.is_shape_tensor),
             delay_count=delay_count)
 
 
@@ -133,6 +136,8 @@ class Batcher:
         self.preferred = frozenset(c.preferred or (c.max_batch_size,))
         # Callers pass input shapes to enqueue() only when batch formation looks at them.
         self.needs_shapes = bool(c.equal_shape_inputs) or c.has_optional_input
+        # ... and the contents of these inputs only when the model has shape tensors.
+        self.shape_tensors = c.shape_tensors
         self._delay_count = c.delay_count
         self._size = 0
 
@@ -150,10 +155,13 @@ class Batcher:
         return priority
 
     def enqueue(self, item: Any, now_ns: int, *, batch_size: int = 1, priority: int = 0,
-                timeout_us: int = 0, shapes: dict[str, list[int]] | None = None) -> Entry:
+                timeout_us: int = 0, shapes: dict[str, list[int]] | None = None,
+                contents: dict[str, bytes] | None = None) -> Entry:
         """Queue a request; raises UNAVAILABLE "Exceeds maximum queue size" when its level
-        is full. ``shapes`` (input name -> full shape) is needed only for equal-shape rules.
-        The returned entry is the handle cancel() takes."""
+        is full. ``shapes`` (input name -> full shape) is needed only for equal-shape rules,
+        ``contents`` (input name -> bytes) only for shape tensors; a shape tensor without
+        contents is batched with no other request. The returned entry is the handle
+        cancel() takes."""
         level = self.levels[self.level_of(priority) - 1]
         p = level.policy
         if p.max_queue_size and len(level) >= p.max_queue_size:
@@ -163,7 +171,7 @@ class Batcher:
             timeout = timeout_us
         deadline = now_ns + timeout * 1000 if timeout else 0
         entry = Entry(item, max(batch_size, 1), now_ns, deadline,
-                      self._signature(shapes) if self.needs_shapes else None, level)
+                      self._signature(shapes, contents) if self.needs_shapes else None, level)
         level.main.append(entry)
         self._size += 1
         return entry
@@ -177,10 +185,27 @@ class Batcher:
         self._size -= 1
         return item
 
-    def _signature(self, shapes: dict[str, list[int]] | None) -> Any:
+    def _signature(self, shapes: dict[str, list[int]] | None,
+                   contents: dict[str, bytes] | None = None) -> Any:
         shapes = shapes or {}
-        sig = tuple((n, tuple(shapes[n][1:])) for n in sorted(self.config.equal_shape_inputs)
-                    if n in shapes)
+        if not self.shape_tensors:
+            sig = tuple((n, tuple(shapes[n][1:])) for n in sorted(self.config.equal_shape_inputs)
+                        if n in shapes)
+        else:
+            # Triton (RequiredEqualInputs): a shape tensor keeps its whole shape (it has no
+            # batch dimension) and must hold the same values. Its bytes are compared whole;
+            # Triton's strncmp would stop at the first zero byte.
+            contents = contents or {}
+            parts = []
+            for n in sorted(self.config.equal_shape_inputs):
+                if n not in shapes:
+                    continue
+                if n in self.shape_tensors:
+                    data = contents.get(n)
+                    parts.append((n, tuple(shapes[n]), object() if data is None else data))
+                else:
+                    parts.append((n, tuple(shapes[n][1:])))
+            sig = tuple(parts)
         if self.config.has_optional_input:
             sig = (sig, frozenset(shapes))
         return sig

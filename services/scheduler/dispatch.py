@@ -52,9 +52,24 @@ class Instance:
     cancellable: bool = False  # its worker reads Cancel on m.CANCEL_CHANNEL (Python models)
 
 
+def log_request(request_id: str, message: str) -> str:
+    """Triton's InferenceRequest::LogRequest() prefix on the errors it gives a request (the
+    full queue's, not the timeout's), here only when the request has an id."""
+    return f"[request id: {request_id}] {message}" if request_id else message
+
+
 def _int_param(params: dict[str, Any], key: str) -> int:
     v = params.get(key, 0)
     return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+
+def _shape_tensors(inputs: list[m.TensorRef], frames: list[Any],
+                   names: frozenset[str]) -> dict[str, bytes]:
+    """The bytes of the shape tensors among a request's inputs, for the batcher to compare.
+    Only inline ones: shape tensors are a few integers, far below the inline threshold; one
+    in shared memory is left out and so batched with no other request, as Triton does with
+    contents it cannot compare in place (RequiredEqualInputs::HasEqualInputs)."""
+    return {t.name: bytes(frames[t.frame]) for t in inputs if t.name in names and t.frame >= 0}
 
 
 class VersionQueue:
@@ -70,6 +85,8 @@ class VersionQueue:
         self.version = version
         self.stats = stats
         self.batcher = Batcher(config)
+        if stats is not None:   # nv_inference_pending_request_count is what waits here
+            stats.batcher = self.batcher
         self.send_batch = send_batch
         self.fail = fail
         self.call_later = call_later
@@ -105,11 +122,14 @@ class VersionQueue:
         """Queue a request; raises TriremeError (queue full) without queueing it."""
         r = p.req
         params = r.parameters
-        entry = self.batcher.enqueue(
+        b = self.batcher
+        entry = b.enqueue(
             p, p.arrival_ns, batch_size=r.batch_size,
             priority=_int_param(params, "priority") if params else 0,
             timeout_us=_int_param(params, "timeout") if params else 0,
-            shapes={t.name: t.shape for t in r.inputs} if self.batcher.needs_shapes else None)
+            shapes={t.name: t.shape for t in r.inputs} if b.needs_shapes else None,
+            contents=(_shape_tensors(r.inputs, p.frames, b.shape_tensors)
+                      if b.shape_tensors else None))
         if self._queued is not None:
             self._queued[(p.frontend, r.req_id)] = entry
         self.pump()

@@ -86,7 +86,8 @@ class ModelManager:
 
     def __init__(self, repositories: list[Path], *, spawn_instance: Callable, stop_instance: Callable,
                  make_queue: Callable, changed: Callable[[list[str]], None],
-                 config_name: str | None = None, disable_autocomplete: bool = False) -> None:
+                 config_name: str | None = None, disable_autocomplete: bool = False,
+                 limiter: Any = None) -> None:
         self.repositories = repositories
         self.models: dict[str, ModelEntry] = {}
         self.spawn_instance = spawn_instance      # async (Instance, config bytes, model_dir, autocomplete) -> mc.ModelConfig
@@ -95,6 +96,7 @@ class ModelManager:
         self.changed = changed
         self.config_name = config_name
         self.disable_autocomplete = disable_autocomplete
+        self.limiter = limiter                    # RateLimiter with --rate-limit execution_count
         self._locks: dict[str, asyncio.Lock] = {}
         self._starting: list[ModelEntry] = []    # loads in progress: not in self.models yet
         self._closing = False
@@ -218,13 +220,13 @@ class ModelManager:
                     plan.append((v, group, i))
 
         def make(v: int, group: Any, i: int) -> Instance:
-            kind = mc.ModelInstanceGroup.Kind.Name(group.kind)
-            device = group.gpus[i % len(group.gpus)] if group.gpus else 0
-            inst = Instance(f"w{next(_worker_ids)}", f"{group.name}_{i}", entry.name, v, kind, device,
-                            config=group)
+            inst = Instance(f"w{next(_worker_ids)}", f"{group.name}_{i}", entry.name, v,
+                            *_placement(group, i), config=group)
             entry.instances.append(inst)
             return inst
 
+        if self.limiter is not None:   # fail before starting workers the limiter would refuse
+            self.limiter.check(entry.name, [(v, g, *_placement(g, i)) for v, g, i in plan])
         # The first instance completes the config from the model file (IO, max_batch_size).
         v0, g0, i0 = plan[0]
         first = make(v0, g0, i0)
@@ -242,6 +244,11 @@ class ModelManager:
         for r in results:
             if isinstance(r, BaseException):
                 raise r if isinstance(r, TriremeError) else TriremeError(Code.INTERNAL, str(r))
+        if self.limiter is not None:
+            # Again, with no await before the registration (add_instance) below: another
+            # model's instances may have registered while these workers started.
+            self.limiter.check(entry.name, [(i.version, i.config, i.kind, i.device_id)
+                                            for i in entry.instances])
         for v in versions:
             entry.versions[v].queue = self.make_queue(entry.name, v, completed)
         for inst in entry.instances:
@@ -331,6 +338,12 @@ class ModelManager:
             await asyncio.sleep(0.05)
         for e in self.models.values():
             _drop_override(e)
+
+
+def _placement(group: Any, i: int) -> tuple[str, int]:
+    """(kind, device) of the i-th instance of an instance group."""
+    kind = mc.ModelInstanceGroup.Kind.Name(group.kind)
+    return kind, (group.gpus[i % len(group.gpus)] if group.gpus else 0)
 
 
 def _write_override(name: str, files: dict[str, bytes]) -> Path:

@@ -27,7 +27,7 @@ from services.common import messages as m
 from services.common import shm, transport
 from services.common.errors import Code, TriremeError
 from services.scheduler.batcher import BatcherConfig
-from services.scheduler.dispatch import Instance, Pending, VersionQueue
+from services.scheduler.dispatch import Instance, Pending, VersionQueue, log_request
 from services.scheduler.lifecycle import ModelManager
 from services.scheduler.metrics import Metrics
 from services.scheduler.rate_limiter import RateLimiter
@@ -89,7 +89,7 @@ class Scheduler:
             settings.repositories, spawn_instance=self._spawn_instance,
             stop_instance=self._stop_instance, make_queue=self._make_queue,
             changed=self._changed, config_name=settings.config_name,
-            disable_autocomplete=settings.disable_autocomplete)
+            disable_autocomplete=settings.disable_autocomplete, limiter=self.limiter)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -202,13 +202,11 @@ class Scheduler:
                                f"'{req.model}' version {v} is not at ready state")
             return
         req.version = vs.version
-        stats = vs.queue.stats
-        stats.pending += 1
-        p = Pending(identity, req, frames, time.monotonic_ns(), stats=stats)
+        p = Pending(identity, req, frames, time.monotonic_ns(), stats=vs.queue.stats)
         try:
             vs.queue.enqueue(p)
         except TriremeError as e:    # the queue is full
-            self._fail(p, e.code, e.message, "REJECTED")
+            self._fail(p, e.code, log_request(req.request_id, e.message), "REJECTED")
 
     def _cancel(self, identity: bytes, msg: m.Cancel) -> None:
         """Callers gone: a queued request leaves its queue and gets its one final answer,

@@ -19,7 +19,7 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 class VersionStats:
     __slots__ = ("inference_count", "execution_count", "last_inference_ms", "success", "fail",
                  "queue", "compute_input", "compute_infer", "compute_output", "batches",
-                 "failures", "pending")
+                 "failures", "batcher")
 
     def __init__(self) -> None:
         self.inference_count = 0
@@ -34,7 +34,13 @@ class VersionStats:
         self.compute_output = [0, 0]
         self.batches: dict[int, list[int]] = {}     # batch size -> [executions, in_ns, infer_ns, out_ns]
         self.failures: dict[str, int] = {}          # Prometheus failure reason -> requests
-        self.pending = 0                            # queued or executing requests
+        self.batcher = None                         # the version's Batcher (VersionQueue sets it)
+
+    @property
+    def pending(self) -> int:
+        """nv_inference_pending_request_count, as Triton counts it: requests waiting to
+        execute (queued, or held by the rate limiter), not those a worker is running."""
+        return len(self.batcher) if self.batcher is not None else 0
 
     def executed(self, rows: int, requests: list[tuple[int, int]], failed: int,
                  compute: tuple[int, int, int], now_ns: int) -> None:
@@ -50,10 +56,9 @@ class VersionStats:
         b[1] += cin
         b[2] += cinf
         b[3] += cout
-        self.pending -= len(requests)
         if failed:
             for arrival, _ in requests:
-                self._failed(now_ns - arrival, "BACKEND")
+                self.failed(now_ns - arrival, "BACKEND")
             return
         n = len(requests)
         self.inference_count += rows
@@ -69,16 +74,12 @@ class VersionStats:
             self.success[1] += now_ns - arrival
             self.queue[1] += dispatched - arrival
 
-    def _failed(self, duration_ns: int, reason: str) -> None:
+    def failed(self, duration_ns: int, reason: str) -> None:
+        """A request that got an error outside a model execution (rejected at the queue,
+        worker lost, version unloaded), or one of a failed batch."""
         self.fail[0] += 1
         self.fail[1] += duration_ns
         self.failures[reason] = self.failures.get(reason, 0) + 1
-
-    def failed(self, duration_ns: int, reason: str) -> None:
-        """A pending request that got an error outside a model execution (rejected at the
-        queue, worker lost, version unloaded)."""
-        self._failed(duration_ns, reason)
-        self.pending -= 1
 
     def to_message(self, name: str, version: int) -> m.ModelStat:
         d = m.Duration

@@ -211,6 +211,69 @@ def test_shape_tensor_is_always_equal_shape():
     assert cfg.equal_shape_inputs == {"x"}
 
 
+SHAPE_TENSOR = ('input [ { name: "x" data_type: TYPE_FP32 dims: [ -1 ] }, '
+                '        { name: "s" data_type: TYPE_INT32 dims: [ 2 ] is_shape_tensor: true } ]')
+
+
+def _int32(*values: int) -> bytes:
+    return b"".join(v.to_bytes(4, "little", signed=True) for v in values)
+
+
+def test_shape_tensors_are_batched_only_with_equal_contents():
+    # Triton (RequiredEqualInputs::HasEqualInputs): equal shape *and* equal values.
+    cfg = BatcherConfig.from_model_config(_model(SHAPE_TENSOR))
+    assert cfg.shape_tensors == {"s"} and cfg.equal_shape_inputs == {"x", "s"}
+    b = Batcher(cfg)
+    for name, values in zip("abcde", [(2, 3), (2, 3), (2, 5), (2, 5), (2, 3)]):
+        b.enqueue(name, 0, shapes={"x": [1, 4], "s": [2]}, contents={"s": _int32(*values)})
+    assert batch(b, 0) == "ab"                    # c's values differ: the break sends at once
+    assert batch(b, 0) == "cd"
+    assert b.next_batch(0).wait_ns == 1 * MS      # e can still grow
+    assert batch(b, 1 * MS) == "e"
+
+
+def test_shape_tensor_values_are_compared_whole():
+    # [2, 3] and [2, 5] as int32 share their first byte, then a zero byte: Triton's strncmp
+    # would call them equal. Every byte counts here.
+    b = Batcher(BatcherConfig.from_model_config(_model(SHAPE_TENSOR)))
+    b.enqueue("a", 0, shapes={"x": [1, 4], "s": [2]}, contents={"s": _int32(2, 3)})
+    b.enqueue("b", 0, shapes={"x": [1, 4], "s": [2]}, contents={"s": _int32(2, 5)})
+    assert batch(b, 0) == "a"
+
+
+def test_shape_tensor_keeps_its_whole_shape():
+    # A shape tensor has no batch dimension: its first dimension is compared too, and the
+    # other inputs still drop theirs.
+    b = Batcher(BatcherConfig.from_model_config(_model(SHAPE_TENSOR)))
+    b.enqueue("a", 0, batch_size=2, shapes={"x": [2, 4], "s": [2]}, contents={"s": _int32(2, 3)})
+    b.enqueue("b", 0, shapes={"x": [1, 4], "s": [2]}, contents={"s": _int32(2, 3)})
+    b.enqueue("c", 0, shapes={"x": [1, 4], "s": [3]}, contents={"s": _int32(2, 3, 1)})
+    b.enqueue("d", 0, shapes={"x": [1, 5], "s": [3]}, contents={"s": _int32(2, 3, 1)})
+    assert [batch(b, 1 * MS) for _ in range(3)] == ["ab", "c", "d"]
+
+
+def test_shape_tensor_without_contents_is_batched_with_nothing():
+    # Contents the caller could not read (a tensor in shared memory) never compare equal,
+    # as Triton treats contents it cannot compare in place; an empty tensor is a value.
+    b = Batcher(BatcherConfig.from_model_config(_model(SHAPE_TENSOR)))
+    b.enqueue("a", 0, shapes={"x": [1, 4], "s": [2]}, contents={"s": _int32(2, 3)})
+    b.enqueue("b", 0, shapes={"x": [1, 4], "s": [2]})
+    b.enqueue("c", 0, shapes={"x": [1, 4], "s": [2]})
+    b.enqueue("d", 0, shapes={"x": [1, 4], "s": [0]}, contents={"s": b""})
+    b.enqueue("e", 0, shapes={"x": [1, 4], "s": [0]}, contents={"s": b""})
+    assert [batch(b, 1 * MS) for _ in range(4)] == ["a", "b", "c", "de"]
+
+
+def test_without_shape_tensors_contents_are_not_needed():
+    cfg = BatcherConfig.from_model_config(_model(VAR))
+    assert cfg.shape_tensors == frozenset()
+    b = Batcher(cfg)
+    assert not b.shape_tensors
+    b.enqueue("a", 0, shapes={"x": [1, 3]})
+    b.enqueue("b", 0, shapes={"x": [1, 3]}, contents={"x": b"ignored"})
+    assert batch(b, 1 * MS) == "ab"
+
+
 def test_optional_input_splits_on_a_different_set_of_inputs():
     cfg = BatcherConfig.from_model_config(_model(
         'input [ { name: "x" data_type: TYPE_FP32 dims: [ 3 ] }, '

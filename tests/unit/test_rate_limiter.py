@@ -4,13 +4,17 @@ inference.ModelInstanceGroup as their config; VersionQueues run on a fake clock 
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from google.protobuf import text_format
 
 from protos import model_config_pb2 as mc
 from services.common import messages as m
+from services.common.errors import Code, TriremeError
 from services.scheduler.batcher import BatcherConfig
 from services.scheduler.dispatch import Instance, Pending, VersionQueue
+from services.scheduler.lifecycle import ModelManager
 from services.scheduler.rate_limiter import RateLimiter, parse_resource
 
 
@@ -47,29 +51,53 @@ def run_one(rl: RateLimiter, idle: list[Instance]) -> Instance | None:
 
 # ------------------------------------------------------------------------ parse_resource
 def test_parse_resource():
-    assert parse_resource("R1:2") == ("R1", 2, None)
+    assert parse_resource("R1:2") == ("R1", 2, -1)
     assert parse_resource("R1:2:0") == ("R1", 2, 0)
     assert parse_resource("gpu_mem:10:3") == ("gpu_mem", 10, 3)
 
 
+def test_device_minus_one_is_every_device_like_no_device():
+    # Triton's parser gives a flag without device the device -1 (PER_DEVICE_RESOURCE_KEY).
+    assert parse_resource("R:2:-1") == parse_resource("R:2")
+    for flags in (["R:2:-1"], ["R:2"]):
+        rl = RateLimiter(flags)
+        gs = [inst(needs(("R", 1), kind="KIND_GPU"), kind="KIND_GPU", device=d)
+              for d in (0, 0, 1, 1)]
+        for i in gs:
+            rl.register(i)
+        assert rl.available(("R", 0)) == rl.available(("R", 1)) == 2
+        assert [run_one(rl, [i]) for i in gs] == gs
+
+
+FORMAT = ("--rate-limit-resource option format is '<resource_name>:<count>:<device>' or "
+          "'<resource_name>:<count>'. Got ")
+
+
 @pytest.mark.parametrize("spec, why", [
-    ("R1", "expected name:count[:device]"),
-    ("R1:2:0:1", "expected name:count[:device]"),
-    (":2", "expected name:count[:device]"),
-    ("", "expected name:count[:device]"),
-    ("R1:two", "count and device must be integers"),
-    ("R1:2:gpu0", "count and device must be integers"),
-    ("R1::0", "count and device must be integers"),
+    ("R1", FORMAT + "R1"),
+    ("R1:2:0:1", FORMAT + "R1:2:0:1"),
+    (":2", FORMAT + ":2"),
+    ("", FORMAT),
+    ("R1:two", "Invalid option value. Got two"),
+    ("R1:2:gpu0", "Invalid option value. Got gpu0"),
+    ("R1::0", "Invalid option value. Got "),
+    ("R1:-1", "--rate-limit-resource count must not be negative. Got R1:-1"),
 ])
 def test_parse_resource_rejects_bad_specs(spec, why):
     with pytest.raises(ValueError) as ei:
         parse_resource(spec)
-    assert str(ei.value) == f"invalid --rate-limit-resource '{spec}': {why}"
+    assert str(ei.value) == why
 
 
 def test_bad_flag_fails_the_limiter():
-    with pytest.raises(ValueError, match="invalid --rate-limit-resource 'R'"):
+    with pytest.raises(ValueError, match="option format is .* Got R$"):
         RateLimiter(["R"])
+
+
+def test_the_same_flag_twice_keeps_the_smaller_count():
+    # Triton's TritonServerOptions::AddRateLimiterResource: "store the minimum of the two".
+    rl = RateLimiter(["R:3", "R:1", "R:2", "S:2:0", "S:5:0"])
+    assert rl.limits == {("R", -1): 1, ("S", 0): 2}
 
 
 # ------------------------------------------------------------------------ resources
@@ -78,7 +106,7 @@ def test_default_availability_is_the_largest_single_requirement():
     a, b = inst(needs(("R", 1))), inst(needs(("R", 1)))
     rl.register(a)
     rl.register(b)
-    assert rl.available(("R", -1)) == 1
+    assert rl.available(("R", 0)) == 1
     assert run_one(rl, [a, b]) is a
     assert run_one(rl, [b]) is None               # R is taken: only one runs at a time
     rl.release(a)
@@ -90,7 +118,7 @@ def test_largest_requirement_lets_every_instance_run_alone():
     small, big = inst(needs(("R", 1))), inst(needs(("R", 3)))
     rl.register(small)
     rl.register(big)
-    assert rl.available(("R", -1)) == 3
+    assert rl.available(("R", 0)) == 3
     assert run_one(rl, [small]) is small
     assert run_one(rl, [big]) is None             # 1 + 3 > 3
     rl.release(small)
@@ -150,8 +178,21 @@ def test_cpu_instances_share_one_device_whatever_their_device_id():
     assert run_one(rl, [c1]) is None
 
 
-def test_device_specific_flag():
+def test_cpu_instances_count_on_device_zero_as_in_triton():
+    # Triton creates KIND_CPU and KIND_MODEL instances with device_id 0: they share device
+    # 0's resources with the GPU 0 instances, and a device-0 flag counts for them.
     rl = RateLimiter(["R:2:0"])
+    cpu, gpu0 = inst(needs(("R", 1))), inst(needs(("R", 1), kind="KIND_GPU"), kind="KIND_GPU")
+    model = inst(needs(("R", 1)), kind="KIND_MODEL", device=3)
+    for i in (cpu, gpu0, model):
+        rl.register(i)
+    assert rl.needs[id(cpu)] == rl.needs[id(model)] == [(("R", 0), 1)]
+    assert run_one(rl, [cpu]) is cpu and run_one(rl, [gpu0]) is gpu0
+    assert run_one(rl, [model]) is None           # device 0 has two R, both taken
+
+
+def test_device_specific_flag():
+    rl = RateLimiter(["R:2:0", "R:1:1"])
     g0a, g0b, g1a, g1b = (inst(needs(("R", 1), kind="KIND_GPU"), kind="KIND_GPU", device=d)
                           for d in (0, 0, 1, 1))
     for i in (g0a, g0b, g1a, g1b):
@@ -159,6 +200,15 @@ def test_device_specific_flag():
     assert rl.available(("R", 0)) == 2 and rl.available(("R", 1)) == 1
     assert run_one(rl, [g0a]) is g0a and run_one(rl, [g0b]) is g0b
     assert run_one(rl, [g1a]) is g1a and run_one(rl, [g1b]) is None
+
+
+def test_once_a_flag_is_given_an_unnamed_resource_or_device_has_none():
+    # Triton (ParseAndValidateExplicitResources): "If not specified explicitly, consider
+    # the resource to be unavailable."
+    rl = RateLimiter(["R:2:0"])
+    assert rl.available(("R", 0)) == 2
+    assert rl.available(("R", 1)) == 0 and rl.available(("S", 0)) == 0
+    assert RateLimiter().available(("S", 0)) == 0    # no flags: the largest requirement
 
 
 def test_per_device_flag_applies_to_every_device():
@@ -197,9 +247,9 @@ def test_instance_needing_several_resources_needs_all_of_them():
     assert run_one(rl, [both]) is None            # A is free but B is not
     rl.release(only_b)
     assert run_one(rl, [both]) is both
-    assert rl.used == {("A", -1): 1, ("B", -1): 1}
+    assert rl.used == {("A", 0): 1, ("B", 0): 1}
     rl.release(both)
-    assert rl.used == {("A", -1): 0, ("B", -1): 0}
+    assert rl.used == {("A", 0): 0, ("B", 0): 0}
 
 
 def test_unregistered_requirement_no_longer_sets_the_default():
@@ -208,9 +258,9 @@ def test_unregistered_requirement_no_longer_sets_the_default():
     big, a, b = inst(needs(("R", 2))), inst(needs(("R", 1))), inst(needs(("R", 1)))
     for i in (big, a, b):
         rl.register(i)
-    assert rl.available(("R", -1)) == 2
+    assert rl.available(("R", 0)) == 2
     rl.unregister(big)
-    assert rl.available(("R", -1)) == 1
+    assert rl.available(("R", 0)) == 1
     assert run_one(rl, [a]) is a
     assert run_one(rl, [b]) is None
 
@@ -338,3 +388,192 @@ def test_worker_died_releases_its_resources():
     assert [i for i, _ in h.sent] == [a, b]
     assert id(a) not in rl.needs
     assert len(h.failed) == 1 and h.failed[0][2] == "gone"
+
+
+# ------------------------------------------------------------------------ load-time check
+LIMITED = ('Resource count for "{}" is limited to {} which will prevent scheduling of one or '
+           'more model instances, the minimum required count is {}')
+BOTH = 'Resource "{}" is present as both global and device-specific resource in the model configuration.'
+
+
+def check_error(rl: RateLimiter, *instances, model: str = "m") -> str:
+    """check()'s failure text ("" when the instances would load)."""
+    try:
+        rl.check(model, instances)
+    except TriremeError as e:
+        assert e.code == Code.INVALID_ARG
+        return e.message
+    return ""
+
+
+def cpu(*resources, version: int = 1):
+    return (version, needs(*resources), "KIND_CPU", 0)
+
+
+def gpu(device: int, *resources, version: int = 1):
+    return (version, needs(*resources, kind="KIND_GPU"), "KIND_GPU", device)
+
+
+def test_check_refuses_an_instance_needing_more_than_the_flag_gives():
+    rl = RateLimiter(["R:1"])
+    assert check_error(rl, cpu(("R", 1))) == ""
+    assert check_error(rl, cpu(("R", 1)), cpu(("R", 2), version=3)) == \
+        "failed to load 'm' version 3: " + LIMITED.format("R", 1, 2)
+    assert rl.needs == {} and rl.largest == {}    # it registers nothing
+
+
+def test_check_without_flags_lets_any_count_load():
+    assert check_error(RateLimiter(), cpu(("R", 100)), gpu(1, ("S", 7, True))) == ""
+
+
+def test_check_resource_no_flag_names_is_limited_to_zero():
+    assert check_error(RateLimiter(["R:4"]), cpu(("S", 1))) == \
+        "failed to load 'm' version 1: " + LIMITED.format("S", 0, 1)
+
+
+def test_check_per_device_and_device_flags():
+    rl = RateLimiter(["R:4:0"])                   # device 1 has no R
+    assert check_error(rl, gpu(0, ("R", 4))) == ""
+    assert check_error(rl, gpu(1, ("R", 1))) == "failed to load 'm' version 1: " + LIMITED.format("R", 0, 1)
+    for flag in ("R:2:-1", "R:2"):              # every device
+        rl = RateLimiter(["R:4:0", flag])
+        assert check_error(rl, gpu(1, ("R", 2)), gpu(0, ("R", 4))) == ""
+        assert check_error(rl, gpu(1, ("R", 3))) == "failed to load 'm' version 1: " + LIMITED.format("R", 2, 3)
+
+
+def test_check_global_resource_counts_the_largest_flag_of_any_device():
+    rl = RateLimiter(["R:1:0", "R:3:1"])
+    assert check_error(rl, gpu(0, ("R", 3, True))) == ""
+    assert check_error(rl, gpu(0, ("R", 4, True))) == \
+        "failed to load 'm' version 1: " + LIMITED.format("R", 3, 4)
+
+
+def test_check_reports_the_first_resource_in_triton_map_order():
+    # max_resources_ is a std::map by device (global -2 first), then by name.
+    rl = RateLimiter(["A:1", "B:1", "C:1"])
+    assert check_error(rl, gpu(1, ("B", 5), ("A", 5), ("C", 5, True))) == \
+        "failed to load 'm' version 1: " + LIMITED.format("C", 1, 5)
+    assert check_error(rl, gpu(1, ("B", 5), ("A", 5))) == \
+        "failed to load 'm' version 1: " + LIMITED.format("A", 1, 5)
+    # ... and fails at the first instance that cannot register, in load order.
+    assert check_error(rl, gpu(1, ("B", 5), version=2), gpu(0, ("A", 5))) == \
+        "failed to load 'm' version 2: " + LIMITED.format("B", 1, 5)
+
+
+def test_check_counts_instances_already_registered():
+    rl = RateLimiter(["R:1"])
+    rl.register(inst(needs(("R", 1))))
+    assert check_error(rl, cpu(("R", 1))) == ""
+
+
+def test_check_refuses_a_resource_both_global_and_per_device():
+    rl = RateLimiter()
+    assert check_error(rl, cpu(("R", 1, True)), cpu(("R", 1))) == \
+        "failed to load 'm' version 1: " + BOTH.format("R")
+    rl.register(inst(needs(("R", 1), kind="KIND_GPU"), kind="KIND_GPU", device=2, model="a"))
+    assert check_error(rl, cpu(("R", 1, True)), model="b") == \
+        "failed to load 'b' version 1: " + BOTH.format("R")
+    # The explicit counts are checked first.
+    assert check_error(RateLimiter(["R:1"]), cpu(("R", 1, True)), cpu(("R", 2))) == \
+        "failed to load 'm' version 1: " + LIMITED.format("R", 1, 2)
+
+
+# ------------------------------------------------------------------------ ...as a load failure
+CONFIG = '''backend: "python"
+max_batch_size: 4
+input [{{ name: "IN", data_type: TYPE_FP32, dims: [2] }}]
+output [{{ name: "OUT", data_type: TYPE_FP32, dims: [2] }}]
+instance_group [{{ kind: KIND_CPU, count: 2, rate_limiter {{ resources [{} ] }} }}]
+'''
+
+
+class Loader:
+    """A ModelManager over a real repository with fake workers: spawn_instance returns the
+    config at once, or waits for `gate` when one is set."""
+
+    def __init__(self, root, limiter: RateLimiter | None) -> None:
+        self.spawned: list[Instance] = []
+        self.gate = None
+        self.limiter = limiter
+        self.mm = ModelManager([root], spawn_instance=self._spawn, stop_instance=self._stop,
+                               make_queue=self._queue, changed=lambda names: None,
+                               limiter=limiter)
+
+    async def _spawn(self, inst, blob, model_dir, autocomplete):
+        self.spawned.append(inst)
+        if self.gate is not None:
+            await self.gate.wait()
+        return mc.ModelConfig.FromString(blob)
+
+    async def _stop(self, inst) -> None:
+        if self.limiter is not None:
+            self.limiter.unregister(inst)
+
+    def _queue(self, model, version, cfg):
+        return VersionQueue(model, version, BatcherConfig.from_model_config(cfg), lambda *a: None,
+                            lambda *a: None, lambda *a: None, limiter=self.limiter)
+
+    def state(self, name: str) -> tuple[str, str]:
+        e, = [e for e in self.mm.index(False) if e.name == name]
+        return e.state, e.reason
+
+
+def write_model(root, name: str, resource: str) -> None:
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "1" / "model.py").write_text("")
+    (root / name / "config.pbtxt").write_text(CONFIG.format(resource))
+
+
+def test_load_fails_with_triton_text_before_any_worker_starts(tmp_path):
+    write_model(tmp_path, "big", '{ name: "R", count: 2 }')
+    write_model(tmp_path, "small", '{ name: "R", count: 1 }')
+    ld = Loader(tmp_path, RateLimiter(["R:1"]))
+
+    async def run():
+        ld.mm.scan()
+        with pytest.raises(TriremeError) as e:
+            await ld.mm.load("big")
+        await ld.mm.load("small")
+        return e.value
+
+    err = asyncio.run(run())
+    text = "failed to load 'big' version 1: " + LIMITED.format("R", 1, 2)
+    assert (err.code, err.message) == (Code.INVALID_ARG, text)
+    assert ld.state("big") == ("UNAVAILABLE", text)
+    assert ld.state("small") == ("READY", "")
+    assert [i.model for i in ld.spawned] == ["small", "small"]
+
+
+def test_without_the_limiter_resources_do_not_stop_a_load(tmp_path):
+    write_model(tmp_path, "big", '{ name: "R", count: 2 }')
+    ld = Loader(tmp_path, None)
+
+    async def run():
+        ld.mm.scan()
+        await ld.mm.load("big")
+
+    asyncio.run(run())
+    assert ld.state("big") == ("READY", "")
+
+
+def test_a_conflict_registered_while_workers_started_fails_the_load(tmp_path):
+    """Both loads pass the check before their workers start; the one registering second
+    fails (Triton checks as it registers each instance)."""
+    write_model(tmp_path, "g", '{ name: "R", count: 1, global: true }')
+    write_model(tmp_path, "d", '{ name: "R", count: 1 }')
+    ld = Loader(tmp_path, RateLimiter())
+
+    async def run():
+        ld.gate = asyncio.Event()
+        ld.mm.scan()
+        loads = [asyncio.ensure_future(ld.mm.load(n)) for n in ("g", "d")]
+        while len(ld.spawned) < 2:                # both first instances are starting
+            await asyncio.sleep(0)
+        ld.gate.set()
+        return await asyncio.gather(*loads, return_exceptions=True)
+
+    ok, err = asyncio.run(run())
+    assert ok is None
+    assert err.message == "failed to load 'd' version 1: " + BOTH.format("R")
+    assert ld.state("g")[0] == "READY" and ld.state("d")[0] == "UNAVAILABLE"
+    assert {k for k in ld.limiter.largest} == {("R", -2)}

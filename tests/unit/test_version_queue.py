@@ -8,7 +8,8 @@ import pytest
 from services.common import messages as m
 from services.common.errors import Code, TriremeError
 from services.scheduler.batcher import QUEUE_FULL, TIMEOUT_EXPIRED, BatcherConfig, QueuePolicy
-from services.scheduler.dispatch import Instance, Pending, VersionQueue
+from services.scheduler.dispatch import Instance, Pending, VersionQueue, log_request
+from services.scheduler.stats import VersionStats
 
 US = 1_000
 MS = 1_000_000
@@ -39,13 +40,13 @@ class Timer:
 class Harness:
     """A VersionQueue with fake instances, clock and timers; records what it sends."""
 
-    def __init__(self, config: BatcherConfig, limiter=None, model: str = "m") -> None:
+    def __init__(self, config: BatcherConfig, limiter=None, model: str = "m", stats=None) -> None:
         self.clock = Clock()
         self.sent: list[tuple[Instance, m.ExecuteBatch, list]] = []
         self.failed: list[tuple[Pending, int, str, str]] = []
         self.timers: list[Timer] = []
         self.q = VersionQueue(model, 1, config, self.send, self.fail, self.call_later,
-                              limiter=limiter, clock=self.clock)
+                              limiter=limiter, clock=self.clock, stats=stats)
         self._req = 0
 
     def send(self, inst, msg, frames) -> None:
@@ -257,3 +258,72 @@ def test_arrival_cost_does_not_grow_when_no_instance_is_idle():
         h.enqueue()
     assert calls == 1
     assert len(h.q.batcher) == 20_000 - 4
+
+
+# ------------------------------------------------------------------------ shape tensors
+def _shape_request(req_id: int, s: m.TensorRef, frames: list) -> Pending:
+    """A request with a data input x and a shape tensor s."""
+    req = m.InferRequest(req_id, "tcp://reply", "m", 1, [m.TensorRef("x", "FP32", [1, 3], 12), s])
+    return Pending(b"f1", req, frames)
+
+
+def test_shape_tensor_bytes_come_from_the_request_frames():
+    h = Harness(dyn(max_queue_delay_ns=LONG, equal_shape_inputs=frozenset({"x", "s"}),
+                    shape_tensors=frozenset({"s"})))
+    two_three, two_five = b"\2\0\0\0\3\0\0\0", b"\2\0\0\0\5\0\0\0"
+    shared = [b"x" * 12, memoryview(two_three)]   # one message's frames: x, then s
+    inline = lambda i: m.TensorRef("s", "INT32", [2], 8, frame=i)          # noqa: E731
+    in_shm = m.TensorRef("s", "INT32", [2], 8, segment="trireme-1-frontend-0", offset=64)
+    for p in [_shape_request(1, in_shm, []),
+              _shape_request(2, inline(1), shared),
+              _shape_request(3, inline(0), [two_three]),
+              _shape_request(4, inline(0), [two_five]),
+              _shape_request(5, in_shm, []),
+              _shape_request(6, in_shm, [])]:
+        h.q.enqueue(p)
+    i0 = h.instance()
+    h.q.add_instance(i0)
+    for _ in range(3):
+        h.q.batch_done(i0, h.sent[-1][1].batch_id)
+    # Equal values batch (2, 3: frame 1 of one message, frame 0 of another); 4 differs;
+    # one in shared memory is batched with nothing.
+    assert h.batches() == [[1], [2, 3], [4], [5]]
+
+
+def test_no_shape_tensors_no_contents_read():
+    h = Harness(dyn(max_queue_delay_ns=0, equal_shape_inputs=frozenset({"x"})))
+    calls = []
+    h.q.batcher.enqueue = lambda *a, **kw: calls.append(kw) or type(h.q.batcher).enqueue(
+        h.q.batcher, *a, **kw)
+    h.enqueue(frames=1)
+    assert calls[0]["contents"] is None and calls[0]["shapes"] == {"x": [1, 3]}
+
+
+# ------------------------------------------------------------------------ pending count
+def test_pending_count_is_what_waits_not_what_runs():
+    """Triton's nv_inference_pending_request_count: up when a request is queued, down when
+    an instance takes it (not when it finishes), and down for one that leaves the queue."""
+    stats = VersionStats()
+    h = Harness(dyn(max_batch_size=1, max_queue_delay_ns=0,
+                    policies={1: QueuePolicy(default_timeout_us=100)}), stats=stats)
+    assert stats.pending == 0
+    h.enqueue()
+    expiring = h.enqueue()
+    late = h.enqueue()
+    assert stats.pending == 3                     # no instance yet: all three wait
+    i0 = h.instance()
+    h.q.add_instance(i0)
+    assert h.batches() == [[1]] and stats.pending == 2   # one runs, two wait
+    h.q.cancel(b"f1", [late.req.req_id])
+    assert stats.pending == 1
+    h.clock.now = 1 * MS                          # the other one has timed out
+    h.q.batch_done(i0, h.sent[-1][1].batch_id)
+    assert stats.pending == 0
+    assert h.failed == [(expiring, Code.UNAVAILABLE, TIMEOUT_EXPIRED, "REJECTED")]
+    h.enqueue()
+    assert stats.pending == 0                     # taken at once by the idle instance
+
+
+def test_log_request_prefixes_only_a_request_with_an_id():
+    assert log_request("", QUEUE_FULL) == QUEUE_FULL
+    assert log_request("abc", QUEUE_FULL) == "[request id: abc] " + QUEUE_FULL
