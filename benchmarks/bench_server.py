@@ -208,7 +208,10 @@ class Server:
                     nf += 1
                 elif "worker" in cmd:
                     m = re.search(r"\((\w+) v\d+\)", cmd)
-                    out[f"worker[{m.group(1) if m else c.pid}]"] = c.pid
+                    label = f"worker[{m.group(1) if m else c.pid}]"
+                    if label in out:   # a model's second instance: both must be metered
+                        label = f"{label}#{c.pid}"
+                    out[label] = c.pid
         return out
 
     def stop(self) -> None:
