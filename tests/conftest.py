@@ -101,6 +101,23 @@ def wait_settled(srv: "Server", client, settled, what: str, timeout: float = 60.
         raise AssertionError(f"{client.get_model_repository_index()}\n{srv.log()[-4000:]}")
 
 
+def wait_models(srv: "Server", ready, unavailable=(), what: str = "models to load or fail",
+                timeout: float = 90.0) -> None:
+    """Wait until the repository index shows every model of ``ready`` READY and every one of
+    ``unavailable`` UNAVAILABLE (a server started with ready=False and models that must fail)."""
+    import tritonclient.http as httpclient
+    c = httpclient.InferenceServerClient(srv.http_url)
+
+    def settled():
+        states = {e["name"]: e.get("state") for e in c.get_model_repository_index()}
+        return all(states.get(n) == "READY" for n in ready) and \
+            all(states.get(n) == "UNAVAILABLE" for n in unavailable)
+    try:
+        wait_settled(srv, c, settled, what, timeout)
+    finally:
+        c.close()
+
+
 def stop_server(srv: Server, timeout: float = 30.0) -> int:
     """SIGTERM, wait, and check that nothing is left: no process, no /dev/shm segment."""
     family = srv.family()

@@ -27,7 +27,7 @@ from services.common.config import autocomplete, parse_pbtxt  # noqa: E402
 from services.common.errors import Code, TriremeError  # noqa: E402
 from services.workers.openvino_backend import OpenVINOBackend  # noqa: E402
 from tests import models, models_openvino as mo  # noqa: E402
-from tests.conftest import start_server, wait_settled  # noqa: E402
+from tests.conftest import start_server, wait_models  # noqa: E402
 
 ONE_THREAD = 'parameters { key: "INFERENCE_NUM_THREADS" value { string_value: "1" } }\n'
 GOOD = ("add_sub", "mlp", "types", "padded", "fixed", "strings")
@@ -75,14 +75,7 @@ def repo(tmp_path_factory) -> Path:
 def server(repo):
     # Broken models keep strict readiness false: wait for live, then for every model.
     with start_server(repo, ready=False, env={"TRITONSERVER_DELAY_SCHEDULER": "4"}) as srv:
-        c = httpclient.InferenceServerClient(srv.http_url)
-
-        def settled():
-            idx = {e["name"]: e for e in c.get_model_repository_index()}
-            return all(c.is_model_ready(n) for n in GOOD) and \
-                all(idx.get(n, {}).get("state") == "UNAVAILABLE" for n in BROKEN)
-        wait_settled(srv, c, settled, "models to load")
-        c.close()
+        wait_models(srv, GOOD, BROKEN, "models to load", 60)
         yield srv
 
 

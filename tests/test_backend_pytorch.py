@@ -25,7 +25,7 @@ from services.common.errors import Code, TriremeError  # noqa: E402
 from services.common.messages import LoadModel  # noqa: E402
 from services.workers.pytorch_backend import PyTorchBackend  # noqa: E402
 from tests import models_torch as mt  # noqa: E402
-from tests.conftest import start_server, wait_settled  # noqa: E402
+from tests.conftest import start_server, wait_models  # noqa: E402
 from tests.models import write_config  # noqa: E402
 
 # Warnings the backend's worker does not show: TorchScript's deprecation, and the read-only
@@ -72,14 +72,7 @@ def server(repo):
     # Strict readiness: the corrupt model keeps /v2/health/ready false, so wait for live
     # and then for every model to settle.
     with start_server(repo, ready=False, env={"TRITONSERVER_DELAY_SCHEDULER": "4"}) as srv:
-        c = httpclient.InferenceServerClient(srv.http_url)
-
-        def settled():
-            idx = {e["name"]: e.get("state") for e in c.get_model_repository_index()}
-            return all(idx.get(m) == "READY" for m in GOOD) and idx.get("corrupt") == "UNAVAILABLE"
-
-        wait_settled(srv, c, settled, "the pytorch models to load or fail")
-        c.close()
+        wait_models(srv, GOOD, ["corrupt"], "the pytorch models to load or fail", 60)
         yield srv
 
 

@@ -29,7 +29,7 @@ from services.common.errors import Code, TriremeError  # noqa: E402
 from services.common.messages import LoadModel  # noqa: E402
 from services.workers.backend import create_backend  # noqa: E402
 from tests import models, models_tf  # noqa: E402
-from tests.conftest import start_server, wait_settled  # noqa: E402
+from tests.conftest import start_server, wait_models  # noqa: E402
 
 ONE_CPU = "instance_group [{ kind: KIND_CPU, count: 1 }]\n"
 FP32_IN = ('input [{ name: "INPUT0", data_type: TYPE_FP32, dims: [16] },'
@@ -87,16 +87,7 @@ def repo(tmp_path_factory):
 def server(repo):
     # Strict readiness: two models fail, so wait for live, then for every model to settle.
     with start_server(repo[0], ready=False, env={"TRITONSERVER_DELAY_SCHEDULER": "4"}) as srv:
-        c = httpclient.InferenceServerClient(srv.http_url)
-
-        def settled():
-            states = {e["name"]: e.get("state") for e in c.get_model_repository_index()}
-            return all(states.get(m) == "READY" for m in GOOD) and \
-                all(states.get(m) == "UNAVAILABLE" for m in BROKEN)
-        try:
-            wait_settled(srv, c, settled, "TensorFlow models to load or fail", 90)
-        finally:
-            c.close()
+        wait_models(srv, GOOD, BROKEN, "TensorFlow models to load or fail")
         yield srv
 
 

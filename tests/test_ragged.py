@@ -20,7 +20,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests import models
-from tests.conftest import start_server, wait_settled, wait_until
+from tests.conftest import start_server, wait_models, wait_until
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 HAS_OPENVINO = importlib.util.find_spec("openvino") is not None
@@ -68,16 +68,7 @@ def server(tmp_path_factory):
         'input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [-1] allow_ragged_batch: true }]\n'
         'output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [-1] }]\n'))
     with start_server(root, ready=False, env={"TRITONSERVER_DELAY_SCHEDULER": "3"}) as srv:
-        c = httpclient.InferenceServerClient(srv.http_url)
-
-        def settled():
-            idx = {e["name"]: e for e in c.get_model_repository_index()}
-            return all(idx.get(n, {}).get("state") == "READY" for n in GOOD) and \
-                all(idx.get(n, {}).get("state") == "UNAVAILABLE" for n in BROKEN)
-        try:
-            wait_settled(srv, c, settled, "ragged models to load or fail", 90)
-        finally:
-            c.close()
+        wait_models(srv, GOOD, BROKEN, "ragged models to load or fail")
         yield srv
 
 

@@ -19,7 +19,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests import models
-from tests.conftest import start_server, wait_settled
+from tests.conftest import start_server, wait_models
 
 ONE = "instance_group [{ kind: KIND_CPU, count: 1 }]\n"
 ORT_ONE_THREAD = 'parameters { key: "intra_op_thread_count" value { string_value: "1" } }\n'
@@ -111,16 +111,7 @@ def _torch_model(model_dir: Path) -> None:
 @pytest.fixture(scope="module")
 def server(repo):
     with start_server(repo, ready=False) as srv:
-        c = httpclient.InferenceServerClient(srv.http_url)
-
-        def settled():
-            idx = {e["name"]: e for e in c.get_model_repository_index()}
-            return all(idx.get(n, {}).get("state") == "READY" for n in GOOD) and \
-                all(idx.get(n, {}).get("state") == "UNAVAILABLE" for n in BROKEN)
-        try:
-            wait_settled(srv, c, settled, "reshape models to load or fail", 90)
-        finally:
-            c.close()
+        wait_models(srv, GOOD, BROKEN, "reshape models to load or fail")
         yield srv
 
 
