@@ -168,13 +168,13 @@ def parse_resource(spec: str) -> tuple[str, int, int]:
     if len(parts) not in (2, 3) or not parts[0]:
         raise ValueError("--rate-limit-resource option format is '<resource_name>:<count>:"
                          f"<device>' or '<resource_name>:<count>'. Got {spec}")
+    numbers = []
     for part in parts[1:]:
         try:
-            int(part)
+            numbers.append(int(part))
         except ValueError:
             raise ValueError(f"Invalid option value. Got {part}") from None
-    count = int(parts[1])
-    device = int(parts[2]) if len(parts) == 3 else PER_DEVICE
+    count, device = numbers if len(numbers) == 2 else (numbers[0], PER_DEVICE)
     if count < 0:
         # Triton's size_t would wrap it to a huge count; a negative count is a typo.
         raise ValueError(f"--rate-limit-resource count must not be negative. Got {spec}")

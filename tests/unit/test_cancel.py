@@ -5,6 +5,7 @@ and the frontend's Cancel messages. The real server, the official client: test_c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 
 import pytest
@@ -247,14 +248,24 @@ def _request(model: str = "m") -> CoreRequest:
     return CoreRequest(model, inputs=[InputTensor("X", "FP32", [1], b"\0\0\0\0")])
 
 
+@contextlib.asynccontextmanager
+async def _plane(tmp_path):
+    """A DataPlane talking to a FakeScheduler over Unix sockets in tmp_path."""
+    sched = FakeScheduler(f"unix://{tmp_path}/s.sock")
+    await sched.start()
+    dp = DataPlane(FrontendSettings(f"unix://{tmp_path}/s.sock", f"unix://{tmp_path}/r.sock",
+                                    use_shm=False))
+    await dp.start()
+    try:
+        yield sched, dp
+    finally:
+        dp.close()
+        sched.listener.close()
+
+
 def test_caller_gone_sends_one_cancel_per_version_and_turn(tmp_path):
     async def run():
-        sched = FakeScheduler(f"unix://{tmp_path}/s.sock")
-        await sched.start()
-        dp = DataPlane(FrontendSettings(f"unix://{tmp_path}/s.sock", f"unix://{tmp_path}/r.sock",
-                                        use_shm=False))
-        await dp.start()
-        try:
+        async with _plane(tmp_path) as (sched, dp):
             calls = [asyncio.ensure_future(dp.infer(_request())) for _ in range(3)]
             reqs = [await sched.next(m.InferRequest) for _ in calls]
             calls[0].cancel()
@@ -271,21 +282,13 @@ def test_caller_gone_sends_one_cancel_per_version_and_turn(tmp_path):
                 with pytest.raises(asyncio.CancelledError):
                     await c
             assert [g for g in sched.got if isinstance(g, m.Cancel)] == []
-        finally:
-            dp.close()
-            sched.listener.close()
 
     asyncio.run(run())
 
 
 def test_stream_abandoned_before_its_final_response_is_cancelled(tmp_path):
     async def run():
-        sched = FakeScheduler(f"unix://{tmp_path}/s.sock")
-        await sched.start()
-        dp = DataPlane(FrontendSettings(f"unix://{tmp_path}/s.sock", f"unix://{tmp_path}/r.sock",
-                                        use_shm=False))
-        await dp.start()
-        try:
+        async with _plane(tmp_path) as (sched, dp):
             done, gone = dp.infer_stream(_request()), dp.infer_stream(_request())
             first = asyncio.ensure_future(done.__anext__())
             second = asyncio.ensure_future(gone.__anext__())
@@ -297,11 +300,11 @@ def test_stream_abandoned_before_its_final_response_is_cancelled(tmp_path):
             await gone.aclose()                    # mid-stream
             assert await sched.next(m.Cancel) == m.Cancel(
                 f"unix://{tmp_path}/r.sock", "m", 1, [b.req_id])
-            await asyncio.sleep(0.05)
+            # A later request on the same connection arrives after any second Cancel would.
+            later = asyncio.ensure_future(dp.infer(_request()))
+            await sched.next(m.InferRequest)
             assert not [g for g in sched.got if isinstance(g, m.Cancel)]
-        finally:
-            dp.close()
-            sched.listener.close()
+            later.cancel()
 
     asyncio.run(run())
 
