@@ -2,6 +2,6 @@
 same module object the worker gives a model.py (services/workers/pb_utils.py)."""
 import sys
 
-from services.workers import pb_utils
+from services.workers.python import pb_utils
 
 sys.modules[__name__] = pb_utils

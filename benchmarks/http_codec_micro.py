@@ -75,7 +75,8 @@ class StubDataPlane:
     a fixed OUTPUT0 of the input's shape."""
 
     def __init__(self) -> None:
-        from services.frontend import types, validation
+        from services.dataplane import types
+        from services.dataplane import validation
         self.validate, self.types = validation.validate_infer, types
         self.infos = {m: model_info(m) for m in WIDTH}
         self.outputs = {m: output_bytes(w) for m, w in WIDTH.items()}
@@ -98,7 +99,7 @@ def http_runner():
     on the running loop); http_server.make_runner, or what start_http built before it."""
     from aiohttp import web
 
-    from services.frontend import http_server
+    from services.frontend.http import routes as http_server
     from services.frontend.settings import FrontendSettings
     dp = StubDataPlane()
     if hasattr(http_server, "make_runner"):
@@ -122,9 +123,9 @@ def time_call(fn, target_s: float = 0.2, repeat: int = 7) -> float:
 
 
 def codec_cases() -> dict[str, float]:
-    from services.frontend import http_codec as codec
-    from services.frontend.types import CoreResponse, OutputTensor
-    from services.frontend.validation import validate_infer
+    from services.frontend.http import codec
+    from services.dataplane.types import CoreResponse, OutputTensor
+    from services.dataplane.validation import validate_infer
     out = {}
     for model, w in WIDTH.items():
         body = json_body(w)

@@ -110,24 +110,18 @@ async def _run_scheduler(settings, frontend_cmds: list[list[str]], exit_timeout:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from services.frontend.main import frontend_argv
+
     set_title("trireme serve (scheduler)")
     run_dir = tempfile.mkdtemp(prefix=f"trireme-{os.getpid()}-")
     try:
         scheme = "unix" if args.transport == "stream" else "ipc"
         settings = _scheduler_settings(args, f"{scheme}://{run_dir}/frontends.sock",
                                        f"{scheme}://{run_dir}/workers.sock", args.host)
-        cmds = []
-        for i in range(args.frontends):
-            cmds.append(["--scheduler", settings.frontend_addr,
-                         "--result-addr", f"{scheme}://{run_dir}/results-{i}.sock",
-                         "--http-port", str(args.http_port), "--grpc-port", str(args.grpc_port),
-                         "--host", args.host, "--allow-http", str(args.allow_http),
-                         "--allow-grpc", str(args.allow_grpc),
-                         "--http-max-input-size", str(args.http_max_input_size),
-                         "--server-name", args.server_name,
-                         "--inline-threshold", str(args.inline_threshold),
-                         "--grpc-impl", args.grpc_impl, "--http-impl", args.http_impl,
-                         *(["--no-shm"] if args.no_shm else [])])
+        forwarded = frontend_argv(args)   # every flag add_frontend_args defines, as parsed
+        cmds = [["--scheduler", settings.frontend_addr,
+                 "--result-addr", f"{scheme}://{run_dir}/results-{i}.sock", *forwarded]
+                for i in range(args.frontends)]
         return _asyncio_run(_run_scheduler(settings, cmds, args.exit_timeout_secs))
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)

@@ -213,3 +213,16 @@ def flat_identity(model_dir: Path, scale: float = 2.0) -> None:
         [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["n"])],
         initializer=[helper.make_tensor("k", TensorProto.FLOAT, [], [scale])])
     _save(g, model_dir / "1" / "model.onnx")
+
+
+def sum_diff_prod(model_dir: Path, size: int = 4) -> None:
+    """SUM = A + B, DIFF = A - B, PROD = A * B, FP32 [batch, size]: three outputs, for
+    configs that list only some of them."""
+    dims = ["batch", size]
+    g = helper.make_graph(
+        [helper.make_node(op, ["A", "B"], [name])
+         for op, name in (("Add", "SUM"), ("Sub", "DIFF"), ("Mul", "PROD"))],
+        "sum_diff_prod",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, dims) for n in ("A", "B")],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, dims) for n in ("SUM", "DIFF", "PROD")])
+    _save(g, model_dir / "1" / "model.onnx")

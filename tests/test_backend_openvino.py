@@ -25,7 +25,7 @@ from protos import model_config_pb2 as mc  # noqa: E402
 from services.common import messages as m  # noqa: E402
 from services.common.config import autocomplete, parse_pbtxt  # noqa: E402
 from services.common.errors import Code, TriremeError  # noqa: E402
-from services.workers.openvino_backend import OpenVINOBackend  # noqa: E402
+from services.workers.backends.openvino import OpenVINOBackend  # noqa: E402
 from tests import models, models_openvino as mo  # noqa: E402
 from tests.conftest import start_server, wait_models  # noqa: E402
 
@@ -281,7 +281,7 @@ def test_strings_padded_to_a_static_batch(tmp_path):
                 'parameters { key: "SKIP_OV_DYNAMIC_BATCHSIZE" value { string_value: "YES" } }\n'
                 'parameters { key: "ENABLE_BATCH_PADDING" value { string_value: "YES" } }\n')
     x = np.array([[b"q\x00", b"Rs"]], dtype=object)
-    out = b.execute({"TEXT": x}, [])
+    out = b.execute({"TEXT": x}, ["UPPER", "LENGTH"])
     assert out["UPPER"].tolist() == [[b"Q\x00", b"RS"]]
     assert out["LENGTH"].tolist() == [[2, 2]]
     b.close()

@@ -23,7 +23,7 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype  # n
 from services.common import config as cfgmod  # noqa: E402
 from services.common.errors import Code, TriremeError  # noqa: E402
 from services.common.messages import LoadModel  # noqa: E402
-from services.workers.pytorch_backend import PyTorchBackend  # noqa: E402
+from services.workers.backends.pytorch import PyTorchBackend  # noqa: E402
 from tests import models_torch as mt  # noqa: E402
 from tests.conftest import start_server, wait_models  # noqa: E402
 from tests.models import write_config  # noqa: E402
@@ -274,9 +274,11 @@ def test_kind_gpu_without_cuda_is_unavailable(tmp_path):
 def test_read_only_inputs_are_not_copied_unless_the_model_writes_them(tmp_path):
     x = np.frombuffer(np.arange(4, dtype=np.float32).tobytes(), np.float32)   # read-only
     cfg = io("input", "INPUT__0", "TYPE_FP32", "[4]") + io("output", "OUTPUT__0", "TYPE_FP32", "[4]")
-    out = backend(tmp_path, script(mt.Identity()), cfg, name="identity").execute({"INPUT__0": x}, [])
+    b = backend(tmp_path, script(mt.Identity()), cfg, name="identity")
+    out = b.execute({"INPUT__0": x}, ["OUTPUT__0"])
     assert np.shares_memory(out["OUTPUT__0"], x)
-    out = backend(tmp_path, script(mt.InPlace()), cfg, name="in_place").execute({"INPUT__0": x}, [])
+    b = backend(tmp_path, script(mt.InPlace()), cfg, name="in_place")
+    out = b.execute({"INPUT__0": x}, ["OUTPUT__0"])
     np.testing.assert_array_equal(out["OUTPUT__0"], [1, 3, 5, 7])
     np.testing.assert_array_equal(x, [0, 1, 2, 3])
 
@@ -286,7 +288,8 @@ def test_inference_mode_parameter(tmp_path, param, want):
     cfg = io("input", "INPUT__0", "TYPE_BOOL", "[2]") + io("output", "OUTPUT__0", "TYPE_BOOL", "[2]")
     if param:
         cfg += f'parameters {{ key: "INFERENCE_MODE" value {{ string_value: "{param}" }} }}'
-    out = backend(tmp_path, script(mt.Modes()), cfg).execute({"INPUT__0": np.zeros(2, bool)}, [])
+    b = backend(tmp_path, script(mt.Modes()), cfg)
+    out = b.execute({"INPUT__0": np.zeros(2, bool)}, ["OUTPUT__0"])
     assert out["OUTPUT__0"].tolist() == want   # [input is an inference tensor, grad enabled]
 
 
@@ -294,12 +297,13 @@ def test_dict_input_and_list_of_strings(tmp_path):
     b = backend(tmp_path, script(mt.DictInput()),
                 'input [{ name: "a", data_type: TYPE_FP32, dims: [2] }, { name: "b", data_type: '
                 'TYPE_FP32, dims: [2] }]\n' + io("output", "out", "TYPE_FP32", "[2]"))
-    out = b.execute({"a": np.array([1, 2], np.float32), "b": np.array([3, 4], np.float32)}, [])
+    out = b.execute({"a": np.array([1, 2], np.float32), "b": np.array([3, 4], np.float32)},
+                    ["out"])
     np.testing.assert_array_equal(out["out"], [3, 8])
     b = backend(tmp_path, script(mt.Upper()), io("input", "WORDS", "TYPE_STRING", "[-1]")
                 + io("output", "UPPER", "TYPE_STRING", "[-1]"), name="strings")
     words = np.array([b"trireme", b"oars"], dtype=object)
-    assert b.execute({"WORDS": words}, [])["UPPER"].tolist() == [b"TRIREME", b"OARS"]
+    assert b.execute({"WORDS": words}, ["UPPER"])["UPPER"].tolist() == [b"TRIREME", b"OARS"]
 
 
 @pytest.mark.parametrize("outputs,error", [
@@ -313,7 +317,8 @@ def test_output_errors_at_execute(tmp_path, outputs, error):
     cfg = io("input", "INPUT__0", "TYPE_FP32", "[2]") + io("input", "INPUT__1", "TYPE_FP32", "[2]")
     b = backend(tmp_path, script(mt.AddSub()), cfg + outputs)
     with pytest.raises(TriremeError) as ei:
-        b.execute({"INPUT__0": np.ones(2, np.float32), "INPUT__1": np.ones(2, np.float32)}, [])
+        b.execute({"INPUT__0": np.ones(2, np.float32), "INPUT__1": np.ones(2, np.float32)},
+                  ["OUTPUT__0"])
     assert (ei.value.code, ei.value.message) == (Code.INVALID_ARG, error)
 
 
@@ -324,5 +329,6 @@ def test_inputs_fall_back_to_config_order(tmp_path, names):
     cfg = "".join(io("input", n, "TYPE_FP32", "[2]") for n in names)
     cfg += io("output", "OUTPUT__1", "TYPE_FP32", "[2]")
     b = backend(tmp_path, script(mt.AddSub()), cfg)
-    out = b.execute({names[0]: np.array([5, 6], np.float32), names[1]: np.ones(2, np.float32)}, [])
+    out = b.execute({names[0]: np.array([5, 6], np.float32), names[1]: np.ones(2, np.float32)},
+                    ["OUTPUT__1"])
     np.testing.assert_array_equal(out["OUTPUT__1"], [4, 5])    # x - y

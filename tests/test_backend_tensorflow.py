@@ -27,7 +27,7 @@ from protos import model_config_pb2 as mc  # noqa: E402
 from services.common import config as cfgmod  # noqa: E402
 from services.common.errors import Code, TriremeError  # noqa: E402
 from services.common.messages import LoadModel  # noqa: E402
-from services.workers.backend import create_backend  # noqa: E402
+from services.workers.backends.base import create_backend  # noqa: E402
 from tests import models, models_tf  # noqa: E402
 from tests.conftest import start_server, wait_models  # noqa: E402
 
@@ -321,12 +321,13 @@ def test_savedmodel_signature_choice(tmp_path):
 
 
 def test_outputs_default_to_the_configs(tmp_path):
-    """No output asked for means the config's outputs, not every output of the signature."""
+    """No output asked for means the config's outputs, not every output of the signature: the
+    worker passes them (tests/test_output_rule.py), and the backend computes only those."""
     module = models_tf.savedmodel(tmp_path / "sm")
     backend = load_backend(tmp_path, "sm", f"max_batch_size: 8\n{FP32_IN}"
                            'output [{ name: "OUTPUT1", data_type: TYPE_INT32, dims: [16] }]')
     a, b = (np.full((2, 16), v, np.float32) for v in (1.0, 0.5))
-    out = backend.execute({"INPUT0": a, "INPUT1": b}, [])
+    out = backend.execute({"INPUT0": a, "INPUT1": b}, [o.name for o in backend.config.output])
     assert list(out) == ["OUTPUT1"]
     np.testing.assert_array_equal(out["OUTPUT1"], module.serve(a, b)["OUTPUT1"].numpy())
     backend.close()
@@ -342,7 +343,7 @@ def test_init_ops_file_in_the_model_folder(tmp_path):
     models_tf.variable_graphdef(tmp_path / "m", value=-4, variable="MODEL_FOLDER_VARIABLE")
     (tmp_path / "m" / "ops.json").write_text('{"init_ops": ["init"]}')
     b = load_backend(tmp_path, "m", VARIABLE_IO + param("TF_INIT_OPS_FILE", "ops.json"))
-    out = b.execute({"INPUT": np.array([10], np.int32)}, [])
+    out = b.execute({"INPUT": np.array([10], np.int32)}, ["OUTPUT"])
     np.testing.assert_array_equal(out["OUTPUT"], [6])
     b.close()
 
@@ -376,7 +377,7 @@ def test_init_ops_file_with_a_tf1_savedmodel(tmp_path):
     (tmp_path / "m" / "1" / "ops.json").write_text('{"init_ops": ["init"]}')
     b = load_backend(tmp_path, "m", param("TF_INIT_OPS_FILE", "ops.json"))
     assert b.config.max_batch_size == 4   # auto-completed from the signature as usual
-    out = b.execute({"INPUT": np.array([[1], [2]], np.int32)}, [])
+    out = b.execute({"INPUT": np.array([[1], [2]], np.int32)}, ["OUTPUT"])
     np.testing.assert_array_equal(out["OUTPUT"], [[6], [7]])
     b.close()
 

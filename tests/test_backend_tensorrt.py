@@ -18,7 +18,7 @@ import tritonclient.http as httpclient
 from services.common.config import parse_pbtxt
 from services.common.errors import Code, TriremeError
 from services.common.repository import model_file
-from services.workers import tensorrt_backend as trtb
+from services.workers.backends import tensorrt as trtb
 from tests import models
 from tests.conftest import start_server, wait_settled
 

@@ -4,11 +4,7 @@ the scheduler's config validation and the worker that generates them
 from __future__ import annotations
 
 from protos import model_config_pb2 as mc
-from services.common.errors import Code, TriremeError
-
-
-def _err(msg: str) -> TriremeError:
-    return TriremeError(Code.INVALID_ARG, msg)
+from services.common.errors import invalid_arg
 
 
 def validate_batch_io(cfg: mc.ModelConfig) -> None:
@@ -20,21 +16,21 @@ def validate_batch_io(cfg: mc.ModelConfig) -> None:
                              (mc.BatchOutput.Kind, cfg.batch_output, "output")):
         for b in ios:
             if b.kind not in kinds.values():
-                raise _err(f"unknown batch {what} kind '{b.kind}'{sfx}")
+                raise invalid_arg(f"unknown batch {what} kind '{b.kind}'{sfx}")
             if len(b.source_input) != 1:
-                raise _err(f"batch {what} kind '{kinds.Name(b.kind)}' expects 1 source input, "
-                           f"got {len(b.source_input)}{sfx}")
+                raise invalid_arg(f"batch {what} kind '{kinds.Name(b.kind)}' expects 1 source input, "
+                                 f"got {len(b.source_input)}{sfx}")
             if what == "input" and b.data_type not in (mc.TYPE_INT32, mc.TYPE_FP32):
-                raise _err(f"batch input data type must be TYPE_INT32 or TYPE_FP32{sfx}")
+                raise invalid_arg(f"batch input data type must be TYPE_INT32 or TYPE_FP32{sfx}")
             for source in b.source_input:
                 if source not in inputs:
-                    raise _err(f"unknown source input name '{source}'{sfx}")
+                    raise invalid_arg(f"unknown source input name '{source}'{sfx}")
             for t in b.target_name:
                 if what == "output" and t not in outputs:
-                    raise _err(f"unknown target output name '{t}'{sfx}")
+                    raise invalid_arg(f"unknown target output name '{t}'{sfx}")
                 if what == "input" and t in inputs:
-                    raise _err(f"target input name '{t}' is also the name of a model input{sfx}")
+                    raise invalid_arg(f"target input name '{t}' is also the name of a model input{sfx}")
                 seen = inputs_seen if what == "input" else outputs_seen
                 if t in seen:
-                    raise _err(f"target {what} name '{t}' can only be specified once{sfx}")
+                    raise invalid_arg(f"target {what} name '{t}' can only be specified once{sfx}")
                 seen.add(t)

@@ -19,7 +19,12 @@ from google.protobuf.descriptor import FieldDescriptor
 
 from protos import model_config_pb2 as mc
 from services.common.batch_io_config import validate_batch_io
-from services.common.errors import Code, TriremeError
+from services.common.errors import (
+    expects_datatype_text,
+    expects_inputs_text,
+    invalid_arg,
+    unexpected_io_text,
+)
 from services.common.repository import available_versions
 
 CONFIG_PBTXT, CONFIGS_FOLDER = "config.pbtxt", "configs"
@@ -48,10 +53,6 @@ _DEFAULT_CPU_COUNT_2 = {"onnxruntime", "tensorflow"}  # SetDefaultInstanceCount
 SEQUENCE_IDLE_DEFAULT_US = 1_000_000
 
 
-def _err(msg: str) -> TriremeError:
-    return TriremeError(Code.INVALID_ARG, msg)
-
-
 # ---------------------------------------------------------------------------- loading
 def config_path(model_dir: Path, config_name: str | None = None) -> Path:
     """`configs/<name>.pbtxt` when asked for and present, else `config.pbtxt`
@@ -69,7 +70,7 @@ def parse_pbtxt(text: str, source: str = "<string>") -> mc.ModelConfig:
     try:
         text_format.Parse(text, cfg)
     except text_format.ParseError as e:
-        raise _err(f"failed to read text proto from {source}: {e}") from None
+        raise invalid_arg(f"failed to read text proto from {source}: {e}") from None
     return cfg
 
 
@@ -81,7 +82,7 @@ def load_config(model_dir: Path, config_name: str | None = None) -> mc.ModelConf
     except FileNotFoundError:
         return mc.ModelConfig()
     except (OSError, UnicodeDecodeError) as e:
-        raise _err(f"failed to read text proto from {path}: {e}") from None
+        raise invalid_arg(f"failed to read text proto from {path}: {e}") from None
     return parse_pbtxt(text, str(path))
 
 
@@ -142,9 +143,9 @@ def _complete_backend_fields(cfg: mc.ModelConfig, model_dir: Path, model_name: s
     # Custom backend: named by the model folder "x.<backend>", or given with no file name.
     if not cfg.backend and not cfg.platform and not dmf:
         if "." not in model_name:
-            raise _err(f"Invalid model name: Could not determine backend for model "
-                       f"'{model_name}' with no backend in model configuration. Expected model "
-                       "name of the form 'model.<backend_name>'.")
+            raise invalid_arg(f"Invalid model name: Could not determine backend for model "
+                             f"'{model_name}' with no backend in model configuration. Expected model "
+                             "name of the form 'model.<backend_name>'.")
         cfg.backend = model_name.split(".", 1)[1]
     if cfg.backend and not dmf:
         cfg.default_model_filename = f"model.{cfg.backend}"
@@ -188,8 +189,8 @@ def _normalize_instance_groups(cfg: mc.ModelConfig, has_gpu: bool, gpu_ids: Sequ
             group.count = 2 if (group.kind == G.KIND_CPU and cfg.backend in _DEFAULT_CPU_COUNT_2) else 1
         if group.kind == G.KIND_GPU:
             if not has_gpu:
-                raise _err(f"instance group {group.name} of model {cfg.name} has kind KIND_GPU "
-                           "but no GPUs are available")
+                raise invalid_arg(f"instance group {group.name} of model {cfg.name} has kind KIND_GPU "
+                                 "but no GPUs are available")
             if not group.gpus:
                 group.gpus.extend(gpu_ids)
 
@@ -204,8 +205,8 @@ def autocomplete(cfg: mc.ModelConfig, model_dir: Path, model_name: str, *, has_g
     if not out.name:
         out.name = model_name
     elif out.name != model_name:
-        raise _err(f"unexpected directory name '{model_name}' for model '{out.name}', "
-                   "directory name must equal model name")
+        raise invalid_arg(f"unexpected directory name '{model_name}' for model '{out.name}', "
+                         "directory name must equal model name")
     _complete_backend_fields(out, Path(model_dir), model_name)
     normalize(out)
     ids = list(gpu_ids) if gpu_ids is not None else ([0] if has_gpu else [])
@@ -220,7 +221,7 @@ def _to_dtype(datatype: str) -> int:
     try:
         return mc.DataType.Value("TYPE_" + ("STRING" if name == "BYTES" else name))
     except ValueError:
-        raise _err(f"unsupported datatype {datatype}") from None
+        raise invalid_arg(f"unsupported datatype {datatype}") from None
 
 
 def _fmt(shape: Sequence[int]) -> str:
@@ -240,32 +241,31 @@ def _fill_io(io, shape: Sequence[int], dtype: int, mbs: int) -> None:
 def _check_io(kind: str, name: str, cfg: mc.ModelConfig, io, shape: Sequence[int], dtype: int) -> None:
     """onnxruntime backend's ValidateInputs/ValidateOutputs + CompareDimsSupported."""
     if io.data_type != dtype:
-        raise _err(f"unable to load model '{name}', configuration expects datatype "
-                   f"{mc.DataType.Name(io.data_type)} for {kind} '{io.name}', model provides "
-                   f"{mc.DataType.Name(dtype)}")
+        raise invalid_arg(expects_datatype_text(name, kind, io.name, mc.DataType.Name(io.data_type),
+                                                mc.DataType.Name(dtype)))
     if kind == "input" and io.allow_ragged_batch:  # the model takes one flat run of elements
         pre = f"unable to load model '{name}', configuration expects model provides input with shape [-1]"
         if io.optional:
-            raise _err(f"{pre} for ragged input '{io.name}', which is not supported for optional input")
+            raise invalid_arg(f"{pre} for ragged input '{io.name}', which is not supported for optional input")
         if list(shape) != [-1]:  # (Triton's text has the double space)
-            raise _err(f"{pre}  for ragged input '{io.name}', model provides {_fmt(shape)}")
+            raise invalid_arg(f"{pre}  for ragged input '{io.name}', model provides {_fmt(shape)}")
         return
     if kind == "output" and any(io.name in b.target_name for b in cfg.batch_output):
         return  # a batch output's shape need not match the model's (Triton skips it too)
     dims = list(io.reshape.shape) if io.HasField("reshape") else list(io.dims)
     if not shape:  # scalar tensor in the file
         if any(d != 1 for d in dims):
-            raise _err(f"unable to load model '{name}', scalar tensor '{io.name}', should only "
-                       "provide 1 in the model configuration when the model doesn't support "
-                       f"batching. Model configuration provided: {_fmt(dims)}.")
+            raise invalid_arg(f"unable to load model '{name}', scalar tensor '{io.name}', should only "
+                             "provide 1 in the model configuration when the model doesn't support "
+                             f"batching. Model configuration provided: {_fmt(dims)}.")
         return
     model = shape
     pre = f"model '{name}', tensor '{io.name}': "
     if cfg.max_batch_size > 0:
         if model[0] != -1:
-            raise _err(f"{pre}for the model to support batching the shape should have at least "
-                       "1 dimension and the first dimension must be -1; but shape expected by "
-                       f"the model is {_fmt(model)}")
+            raise invalid_arg(f"{pre}for the model to support batching the shape should have at least "
+                             "1 dimension and the first dimension must be -1; but shape expected by "
+                             f"the model is {_fmt(model)}")
         full = [-1, *dims]
         what = (f"{len(full)} dimensions (an initial batch dimension because max_batch_size > 0 "
                 f"followed by the explicit tensor shape, making complete shape {_fmt(full)})")
@@ -276,8 +276,8 @@ def _check_io(kind: str, name: str, cfg: mc.ModelConfig, io, shape: Sequence[int
     ok = len(model) == len(full) and all(
         m == d for m, d in zip(model, full) if exact or m != -1)
     if not ok:
-        raise _err(f"{pre}the model expects {len(model)} dimensions (shape {_fmt(model)}) but "
-                   f"the model configuration specifies {what}")
+        raise invalid_arg(f"{pre}the model expects {len(model)} dimensions (shape {_fmt(model)}) but "
+                         f"the model configuration specifies {what}")
 
 
 TensorSpec = tuple[str, str, Sequence[int]]
@@ -301,8 +301,8 @@ def complete_io(cfg: mc.ModelConfig, inputs: Sequence[TensorSpec], outputs: Sequ
             if out.max_batch_size > 1 and out.WhichOneof("scheduling_choice") is None:
                 out.dynamic_batching.SetInParent()
         elif out.max_batch_size != 0:
-            raise _err(f"autofill failed for model '{name}': model does not support batching "
-                       "while non-zero max_batch_size is specified")
+            raise invalid_arg(f"autofill failed for model '{name}': model does not support batching "
+                             "while non-zero max_batch_size is specified")
     mbs = out.max_batch_size
     for kind, ios, found, had in (("input", out.input, fin, had_in), ("output", out.output, fout, had_out)):
         if not had:
@@ -310,22 +310,19 @@ def complete_io(cfg: mc.ModelConfig, inputs: Sequence[TensorSpec], outputs: Sequ
                 _fill_io(ios.add(name=tname), shape, dtype, mbs)
         for io in ios:
             if io.name not in found:
-                raise _err(f"unexpected inference {kind} '{io.name}', allowed {kind}s are: "
-                           + ", ".join(sorted(found)))
+                raise invalid_arg(unexpected_io_text(kind, io.name, found))
             shape, dtype = found[io.name]
             _fill_io(io, shape, dtype, mbs)  # fills only what the config left unset
             _check_io(kind, name, out, io, shape, dtype)
     targets = [t for b in out.batch_input for t in b.target_name]
     for t in targets:  # generated by the worker for the model: the model must take them
         if t not in fin:
-            raise _err(f"unexpected inference input '{t}', allowed inputs are: "
-                       + ", ".join(sorted(fin)))
+            raise invalid_arg(unexpected_io_text("input", t, fin))
     covered = {io.name for io in out.input} | set(targets)
     covered |= {c.name for c in out.sequence_batching.control_input}
     covered |= {st.input_name for st in out.sequence_batching.state}
     if set(fin) - covered:  # Triton: "configuration expects N inputs, model provides M"
-        raise _err(f"unable to load model '{name}', configuration expects {len(covered)} "
-                   f"inputs, model provides {len(fin)}")
+        raise invalid_arg(expects_inputs_text(name, len(covered), len(fin)))
     normalize(out)
     return out
 
@@ -359,40 +356,40 @@ def _validate_reshape(io, pre: str, model: str) -> None:
     variable dimensions split both into runs of equal size."""
     reshape = list(io.reshape.shape)
     if any(d < 1 and d != -1 for d in reshape):
-        raise _err(f"{pre}reshape dimensions must be integer >= 1, or -1 to indicate a "
-                   f"variable-size dimension for {model}")
+        raise invalid_arg(f"{pre}reshape dimensions must be integer >= 1, or -1 to indicate a "
+                         f"variable-size dimension for {model}")
     dims_size, reshape_size = _element_count(io.dims), _element_count(reshape)
     if dims_size != reshape_size and (reshape_size != 0 or dims_size != 1):
-        raise _err(f"{pre}has different size for dims and reshape for {model}")
+        raise invalid_arg(f"{pre}has different size for dims and reshape for {model}")
     if dims_size == -1:
         a, b = _chunks(io.dims), _chunks(reshape)
         if len(a) != len(b):
-            raise _err(f"{pre}has different number of variable-size dimensions for dims and "
-                       f"reshape for {model}")
+            raise invalid_arg(f"{pre}has different number of variable-size dimensions for dims and "
+                             f"reshape for {model}")
         if a != b:
-            raise _err(f"{pre}has different size for dims and reshape for {model}")
+            raise invalid_arg(f"{pre}has different size for dims and reshape for {model}")
 
 
 def _validate_io(io, kind: str, cfg: mc.ModelConfig) -> None:
     pre = f"model {kind} "
     if not io.name:
-        raise _err(f"{pre}must specify 'name' for {cfg.name}")
+        raise invalid_arg(f"{pre}must specify 'name' for {cfg.name}")
     pre += f"'{io.name}' "
     if io.data_type == mc.TYPE_INVALID:
-        raise _err(f"{pre}must specify 'data_type' for {cfg.name}")
+        raise invalid_arg(f"{pre}must specify 'data_type' for {cfg.name}")
     if not io.dims:
-        raise _err(f"{pre}must specify 'dims' for {cfg.name}")
+        raise invalid_arg(f"{pre}must specify 'dims' for {cfg.name}")
     if io.HasField("reshape") and not io.reshape.shape and cfg.max_batch_size == 0:
-        raise _err(f"{pre}cannot have empty reshape for non-batching model as scalar tensors "
-                   f"are not supported for {cfg.name}")
+        raise invalid_arg(f"{pre}cannot have empty reshape for non-batching model as scalar tensors "
+                         f"are not supported for {cfg.name}")
     for d in io.dims:
         if d < 1 and d != -1:
-            raise _err(f"{pre}dimension must be integer >= 1, or -1 to indicate a "
-                       f"variable-size dimension for {cfg.name}")
+            raise invalid_arg(f"{pre}dimension must be integer >= 1, or -1 to indicate a "
+                             f"variable-size dimension for {cfg.name}")
     if io.HasField("reshape"):
         _validate_reshape(io, pre, cfg.name)
     if io.is_shape_tensor and cfg.platform != TRT_PLAN:
-        raise _err(f"shape tensors are only supported for TensorRT platform for {cfg.name}")
+        raise invalid_arg(f"shape tensors are only supported for TensorRT platform for {cfg.name}")
 
 
 def validate(cfg: mc.ModelConfig, *, require_io: bool = True) -> None:
@@ -400,54 +397,54 @@ def validate(cfg: mc.ModelConfig, *, require_io: bool = True) -> None:
     names). `require_io=False` before a worker has filled inputs/outputs from the file."""
     n = cfg.name
     if not n:
-        raise _err("model configuration must specify 'name'")
+        raise invalid_arg("model configuration must specify 'name'")
     if not cfg.backend and cfg.platform != ENSEMBLE:
-        raise _err(f"unexpected platform type '{cfg.platform}' for {n}")
+        raise invalid_arg(f"unexpected platform type '{cfg.platform}' for {n}")
     if cfg.backend and cfg.platform == ENSEMBLE:
-        raise _err(f"Ensemble model '{n}' must have platform type '{cfg.platform}' and empty backend type")
+        raise invalid_arg(f"Ensemble model '{n}' must have platform type '{cfg.platform}' and empty backend type")
     if cfg.backend in _TYPED_BACKENDS and _PLATFORM_BACKEND.get(cfg.platform) != cfg.backend:
-        raise _err(f"unexpected 'platform' and 'backend' pair, got:{cfg.platform}, {cfg.backend}")
+        raise invalid_arg(f"unexpected 'platform' and 'backend' pair, got:{cfg.platform}, {cfg.backend}")
     if cfg.max_batch_size < 0:
-        raise _err(f"'max_batch_size' must be non-negative value for {n}")
+        raise invalid_arg(f"'max_batch_size' must be non-negative value for {n}")
     if not cfg.HasField("version_policy"):
-        raise _err(f"must specify 'version policy' for {n}")
+        raise invalid_arg(f"must specify 'version policy' for {n}")
     if cfg.HasField("dynamic_batching"):
         db = cfg.dynamic_batching
         for size in db.preferred_batch_size:
             if size <= 0:
-                raise _err(f"dynamic batching preferred size must be positive for {n}")
+                raise invalid_arg(f"dynamic batching preferred size must be positive for {n}")
             if size > cfg.max_batch_size:
-                raise _err(f"dynamic batching preferred size must be <= max batch size for {n}")
+                raise invalid_arg(f"dynamic batching preferred size must be <= max batch size for {n}")
         if db.priority_levels and not 1 <= db.default_priority_level <= db.priority_levels:
-            raise _err(f"default priority level must be in range [1, {db.priority_levels}] for {n}")
+            raise invalid_arg(f"default priority level must be in range [1, {db.priority_levels}] for {n}")
         for level in db.priority_queue_policy:
             if not 1 <= level <= db.priority_levels:
-                raise _err(f"priority queue policy must have priority level in range "
-                           f"[1, {db.priority_levels}] for {n}")
+                raise invalid_arg(f"priority queue policy must have priority level in range "
+                                 f"[1, {db.priority_levels}] for {n}")
     if cfg.HasField("sequence_batching") and cfg.response_cache.enable:
-        raise _err(f"Response Cache does not currently support model {n} with sequence batching "
-                   "scheduler. Please disable the response cache.")
+        raise invalid_arg(f"Response Cache does not currently support model {n} with sequence batching "
+                         "scheduler. Please disable the response cache.")
     if cfg.HasField("ensemble_scheduling"):
         if cfg.platform != ENSEMBLE:
-            raise _err(f"ensemble scheduling cannot be set for model '{n}' whose platform is not {ENSEMBLE}")
+            raise invalid_arg(f"ensemble scheduling cannot be set for model '{n}' whose platform is not {ENSEMBLE}")
         if cfg.instance_group:
-            raise _err(f"instance group should not be specified for ensemble '{n}'")
+            raise invalid_arg(f"instance group should not be specified for ensemble '{n}'")
         if not cfg.ensemble_scheduling.step:
-            raise _err(f"must specify 'step' for ensemble '{n}'")
+            raise invalid_arg(f"must specify 'step' for ensemble '{n}'")
     elif cfg.platform == ENSEMBLE:
-        raise _err(f"ensemble scheduling must be set for ensemble {n} whose platform is {ENSEMBLE}")
+        raise invalid_arg(f"ensemble scheduling must be set for ensemble {n} whose platform is {ENSEMBLE}")
     if cfg.model_transaction_policy.decoupled and cfg.response_cache.enable:
-        raise _err(f"Response Cache does not currently support model {n} with 'decoupled' "
-                   "transaction policy. Please disable the response cache.")
+        raise invalid_arg(f"Response Cache does not currently support model {n} with 'decoupled' "
+                         "transaction policy. Please disable the response cache.")
     need_io = require_io and (cfg.backend in _IO_BACKENDS or cfg.platform == ENSEMBLE)
     for kind, ios in (("input", cfg.input), ("output", cfg.output)):
         if need_io and not ios:
-            raise _err(f"model configuration for '{n}' must specify at least one {kind}")
+            raise invalid_arg(f"model configuration for '{n}' must specify at least one {kind}")
         seen: set[str] = set()
         for io in ios:
             _validate_io(io, kind, cfg)
             if io.name in seen:
-                raise _err(f"duplicate {kind} name '{io.name}' for {n}")
+                raise invalid_arg(f"duplicate {kind} name '{io.name}' for {n}")
             seen.add(io.name)
     if require_io and (cfg.batch_input or cfg.batch_output):
         validate_batch_io(cfg)
@@ -498,10 +495,10 @@ def config_from_json(obj: dict | str | bytes) -> mc.ModelConfig:
         if isinstance(obj, (str, bytes)):
             obj = json.loads(obj)
         if not isinstance(obj, dict):
-            raise ValueError("expected a JSON object")
+            raise TypeError("expected a JSON object")
         return json_format.ParseDict(obj, mc.ModelConfig())
-    except (ValueError, json_format.ParseError) as e:
-        raise _err(f"failed to parse model configuration JSON: {e}") from None
+    except (TypeError, ValueError, json_format.ParseError) as e:
+        raise invalid_arg(f"failed to parse model configuration JSON: {e}") from None
 
 
 def input_shape(inp, max_batch_size: int) -> list[int]:

@@ -7,6 +7,7 @@ protocol adapter, never here; across processes an error travels as {code, messag
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 
 
 class Code(enum.IntEnum):
@@ -59,3 +60,61 @@ def internal(msg: str) -> TriremeError:
 
 def unsupported(msg: str) -> TriremeError:
     return TriremeError(Code.UNSUPPORTED, msg)
+
+
+# ---- Triton's recurring texts, each written once -----------------------------------------
+# The *_text functions return the text (callers choose the code, or raise ValueError where a
+# model's own code expects one); the others build the error with Triton's code. The tests
+# compare these texts with Triton's byte for byte.
+
+CANCELLED_TEXT = "Request cancelled"
+REPOSITORY_NAME_UNSUPPORTED = "'repository_name' specification is not supported"
+
+
+def unknown_model(model: str) -> TriremeError:
+    return TriremeError(Code.NOT_FOUND, f"Request for unknown model: '{model}' is not found")
+
+
+def bad_version_string_text(version: str, detail: str) -> str:
+    """Triton's GetModelVersionFromString failure; `detail` names the C++ parser that threw
+    ("stol" on the inference path, "stoll" for statistics)."""
+    return (f"failed to get model version from specified version string '{version}' "
+            f"(details: {detail}), version should be an integral value > 0")
+
+
+def not_ready_text(model: str, version: int | str) -> str:
+    return f"'{model}' version {version} is not at ready state"
+
+
+def load_failed_text(model: str, version: int | str, why: object) -> str:
+    return f"failed to load '{model}' version {version}: {why}"
+
+
+def expects_datatype_text(model: str, kind: str, name: str, expected: str, provided: str) -> str:
+    return (f"unable to load model '{model}', configuration expects datatype {expected} for "
+            f"{kind} '{name}', model provides {provided}")
+
+
+def expects_inputs_text(model: str, expected: int, provided: int | str) -> str:
+    return f"unable to load model '{model}', configuration expects {expected} inputs, model provides {provided}"
+
+
+def unexpected_io_text(kind: str, name: str, allowed: Iterable[str]) -> str:
+    return f"unexpected inference {kind} '{name}', allowed {kind}s are: " + ", ".join(sorted(allowed))
+
+
+def unsupported_io_datatype_text(datatype: str, kind: str, name: str, model: str) -> str:
+    return f"unsupported datatype {datatype} for {kind} '{name}' for model '{model}'"
+
+
+def unrecognized_load_parameter(key: str) -> TriremeError:
+    return invalid_arg(f"unrecognized load parameter '{key}'.")
+
+
+def socket_in_use(address: str, detail: object = None) -> TriremeError:
+    suffix = f" ({detail})" if detail else ""
+    return TriremeError(Code.UNAVAILABLE, f"Socket '{address}' already in use{suffix}")
+
+
+def unknown_expect_text(expect: str) -> str:
+    return f"Unknown Expect: {expect}"

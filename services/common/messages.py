@@ -16,6 +16,8 @@ from typing import Any, Sequence
 
 import msgspec
 
+from services.common.states import ModelState
+
 
 class Kind(enum.IntEnum):
     # frontend -> scheduler
@@ -188,7 +190,7 @@ class ModelInfo(_Msg):
     error: ErrorRecord | None = None
     platform: str = ""
     backend: str = ""
-    versions: dict[int, str] = {}  # version -> state (READY, LOADING, UNAVAILABLE, ...)
+    versions: dict[int, ModelState] = {}   # version -> its state
     max_batch_size: int = 0
     inputs: list[IOSpec] = []
     outputs: list[IOSpec] = []
@@ -200,7 +202,7 @@ class ModelInfo(_Msg):
 class IndexEntry(_Msg):
     name: str
     version: str = ""
-    state: str = ""
+    state: str = ""                # a ModelState; "" for a model with none (never loaded)
     reason: str = ""
 
 

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.common.errors import Code, TriremeError
+from services.common.errors import invalid_arg
 
 log = logging.getLogger(__name__)
 
@@ -26,10 +26,6 @@ NON_VERSION_DIRS = frozenset({"warmup", "initial_state", "configs"})
 # (MODEL_READY_REASON_DUPLICATE) and its poll-time error text.
 DUPLICATE_REASON = "model appears in two or more repositories"
 DUPLICATE_POLL_ERROR = "failed to poll model '{name}': not unique across all model repositories"
-
-
-def _err(msg: str) -> TriremeError:
-    return TriremeError(Code.INVALID_ARG, msg)
 
 
 @dataclass(frozen=True)
@@ -55,13 +51,13 @@ def scan(repositories: list[Path]) -> tuple[dict[str, ModelSource], dict[str, st
         except OSError:
             exists = is_dir = False
         if not exists:
-            raise _err(f"failed to stat file {repo}")
+            raise invalid_arg(f"failed to stat file {repo}")
         if not is_dir:
-            raise _err(f"failed to open directory {repo}")
+            raise invalid_arg(f"failed to open directory {repo}")
         try:
             entries = sorted(os.scandir(repo), key=lambda e: e.name)
         except OSError as e:
-            raise _err(f"failed to open directory {repo}: {e.strerror}") from None
+            raise invalid_arg(f"failed to open directory {repo}: {e.strerror}") from None
         for entry in entries:
             # Hidden folders (.git, .ipynb_checkpoints) are skipped; Triton would try them.
             if entry.name.startswith("."):
@@ -131,8 +127,8 @@ def select_versions(cfg, available: list[int]) -> list[int]:
         n = policy.latest.num_versions if which == "latest" else 1
         chosen = have[len(have) - n:] if n > 0 else []
     if not chosen:
-        raise _err("at least one version must be available under the version policy of "
-                   f"model '{cfg.name}'")
+        raise invalid_arg("at least one version must be available under the version policy of "
+                         f"model '{cfg.name}'")
     return chosen
 
 
@@ -156,15 +152,15 @@ def model_file(cfg, model_dir: Path, version: int, cc: str | None = None) -> Pat
     filename = filename or cfg.default_model_filename
     if not filename:
         if cfg.platform == "ensemble":
-            raise _err(f"ensemble '{cfg.name}' has no model file")
+            raise invalid_arg(f"ensemble '{cfg.name}' has no model file")
         filename = _default_file(cfg.backend, cfg.platform)
     path = vdir / filename if filename else vdir
     if not filename or not path.exists():
-        raise _err(f"unable to find '{path}' for model '{cfg.name}'")
+        raise invalid_arg(f"unable to find '{path}' for model '{cfg.name}'")
     if cfg.backend == "onnxruntime" and path.is_dir():
         inner = path / "model.onnx"
         if not inner.exists():
-            raise _err(f"unable to find '{inner}' for model '{cfg.name}'")
+            raise invalid_arg(f"unable to find '{inner}' for model '{cfg.name}'")
         return inner
     return path
 
@@ -180,7 +176,7 @@ def read_labels(model_dir: Path, cfg) -> dict[str, list[str]]:
         try:
             text = path.read_text(encoding="utf-8", errors="replace")
         except OSError as e:
-            raise _err(f"failed to open text file for read {path}: {e.strerror}") from None
+            raise invalid_arg(f"failed to open text file for read {path}: {e.strerror}") from None
         lines = text.split("\n")
         if lines and lines[-1] == "":
             lines.pop()

@@ -5,8 +5,8 @@
     ipc:///path, tcp://host:port       ZeroMQ ROUTER/DEALER (transport_zmq)
 
 Both give the same three ends: a ``Listener`` (bound; answers each peer by the identity it
-announced; close() removes its socket file), a ``Connection`` (connects, queues while disconnected, reconnects) on an
-asyncio loop, and a ``BlockingConnection`` for the worker's synchronous loop. Received
+announced; close() removes its socket file), a ``Connection`` (connects, queues while
+disconnected, reconnects) on an asyncio loop, and a ``BlockingConnection`` for the worker's synchronous loop. Received
 parts are memoryviews the handler may keep. Why two: ZeroMQ is what separate containers
 and existing deployments use; a plain stream socket costs a quarter of ZeroMQ's latency
 per hop on this machine (see transport_stream).
@@ -14,9 +14,41 @@ per hop on this machine (see transport_stream).
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from services.common import transport_stream, transport_zmq
+
+Parts = Sequence[Any]
+"""One message: bytes-like parts (a kind byte and header first, then tensor frames)."""
+
+
+class Listener(Protocol):
+    """Bound end: answers each peer by the identity it announced."""
+
+    def send(self, identity: bytes, parts: Parts) -> bool:
+        """Queue ``parts`` to the peer ``identity``; False when no such peer is connected."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Connection(Protocol):
+    """Connecting end on an asyncio loop: queues while disconnected, reconnects."""
+
+    def send(self, parts: Parts) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class BlockingConnection(Protocol):
+    """Connecting end for a synchronous loop: recv() from one thread, send() from any."""
+
+    def send(self, parts: Parts) -> None: ...
+
+    def recv(self) -> list[memoryview]: ...
+
+    def close(self) -> None: ...
 
 STREAM_SCHEMES = ("unix://", "stream://")
 ZMQ_SCHEMES = ("ipc://", "tcp://")
@@ -32,25 +64,32 @@ def _check(address: str) -> None:
                          "stream://host:port, ipc:///path or tcp://host:port")
 
 
-async def listen(address: str, handler: Callable[[bytes, list], None]) -> Any:
+async def listen(address: str, handler: Callable[[bytes, list[Any]], None]) -> Listener:
     """A bound Listener on the running loop; ``handler(identity, parts)`` per message."""
     _check(address)
-    impl = transport_stream.Listener if is_stream(address) else transport_zmq.Listener
-    listener = impl(address, handler)
+    if is_stream(address):
+        listener: transport_stream.Listener | transport_zmq.Listener = \
+            transport_stream.Listener(address, handler)
+    else:
+        listener = transport_zmq.Listener(address, handler)
     await listener.start()
     return listener
 
 
-def connect(address: str, handler: Callable[[list], None], identity: bytes = b"") -> Any:
+def connect(address: str, handler: Callable[[list[Any]], None], identity: bytes = b"") -> Connection:
     """A Connection on the running loop; ``handler(parts)`` per message."""
     _check(address)
-    impl = transport_stream.Connection if is_stream(address) else transport_zmq.Connection
-    conn = impl(address, handler, identity)
+    if is_stream(address):
+        conn: transport_stream.Connection | transport_zmq.Connection = \
+            transport_stream.Connection(address, handler, identity)
+    else:
+        conn = transport_zmq.Connection(address, handler, identity)
     conn.start()
     return conn
 
 
-def connect_blocking(address: str, identity: bytes = b"", timeout: float | None = None) -> Any:
+def connect_blocking(address: str, identity: bytes = b"",
+                     timeout: float | None = None) -> BlockingConnection:
     """A BlockingConnection: recv() from one thread, send() from any."""
     _check(address)
     if is_stream(address):
@@ -64,4 +103,5 @@ def local_address(like: str, name: str) -> str:
     return f"unix://{path}" if is_stream(like) else f"ipc://{path}"
 
 
-__all__ = ["listen", "connect", "connect_blocking", "is_stream", "local_address"]
+__all__ = ["Listener", "Connection", "BlockingConnection", "Parts", "listen", "connect",
+           "connect_blocking", "is_stream", "local_address"]

@@ -11,7 +11,7 @@ import sys
 from services.common import transport
 from services.common.procutil import die_with_parent, set_title
 from services.common.shm import DEFAULT_INLINE_THRESHOLD
-from services.frontend.dataplane import DataPlane
+from services.dataplane.client import DataPlane
 from services.frontend.settings import DEFAULT_HTTP_MAX_INPUT_SIZE, FrontendSettings
 
 log = logging.getLogger("trireme.frontend")
@@ -25,10 +25,10 @@ async def run(settings: FrontendSettings) -> None:
     await dp.start()
     http = grpc_server = None
     if settings.allow_http:
-        from services.frontend.http_server import start_http
+        from services.frontend.http.routes import start_http
         http = await start_http(dp, settings)
     if settings.allow_grpc:
-        from services.frontend.grpc_server import start_grpc
+        from services.frontend.grpc.methods import start_grpc
         grpc_server = await start_grpc(dp, settings)
     dp.starting = False
     stop = asyncio.Event()
@@ -44,25 +44,47 @@ async def run(settings: FrontendSettings) -> None:
     dp.close()
 
 
-def add_frontend_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--http-port", type=int, default=8000)
-    p.add_argument("--grpc-port", type=int, default=8001)
-    p.add_argument("--host", default="0.0.0.0")
-    p.add_argument("--allow-http", type=_bool, default=True)
-    p.add_argument("--allow-grpc", type=_bool, default=True)
-    p.add_argument("--http-max-input-size", type=int, default=DEFAULT_HTTP_MAX_INPUT_SIZE)
-    p.add_argument("--server-name", default="trireme",
-                   help='name reported by server metadata ("triton" for Triton test suites)')
-    p.add_argument("--inline-threshold", type=int, default=DEFAULT_INLINE_THRESHOLD,
-                   help="tensors smaller than this travel inline, larger ones in shared memory")
-    p.add_argument("--grpc-impl", choices=("native", "aio"), default="native",
-                   help="gRPC server: native (HTTP/2 on the frontend's event loop, the default) "
-                        "or aio (grpc.aio)")
-    p.add_argument("--http-impl", choices=("native", "aiohttp"), default="native",
-                   help="HTTP server: native (HTTP/1.1 on the frontend's event loop, the "
-                        "default) or aiohttp")
-    p.add_argument("--no-shm", action="store_true",
-                   help="send every tensor inline (processes on different hosts)")
+def add_frontend_args(p: argparse.ArgumentParser) -> list[argparse.Action]:
+    """The frontend's own flags, on `trireme frontend` and on `trireme serve` (which hands
+    them on to its frontend processes with frontend_argv). Returns the actions added."""
+    return [
+        p.add_argument("--http-port", type=int, default=8000),
+        p.add_argument("--grpc-port", type=int, default=8001),
+        p.add_argument("--host", default="0.0.0.0"),
+        p.add_argument("--allow-http", type=_bool, default=True),
+        p.add_argument("--allow-grpc", type=_bool, default=True),
+        p.add_argument("--http-max-input-size", type=int, default=DEFAULT_HTTP_MAX_INPUT_SIZE),
+        p.add_argument("--server-name", default="trireme",
+                       help='name reported by server metadata ("triton" for Triton test suites)'),
+        p.add_argument("--inline-threshold", type=int, default=DEFAULT_INLINE_THRESHOLD,
+                       help="tensors smaller than this travel inline, larger ones in shared memory"),
+        p.add_argument("--grpc-impl", choices=("native", "aio"), default="native",
+                       help="gRPC server: native (HTTP/2 on the frontend's event loop, the default) "
+                            "or aio (grpc.aio)"),
+        p.add_argument("--http-impl", choices=("native", "aiohttp"), default="native",
+                       help="HTTP server: native (HTTP/1.1 on the frontend's event loop, the "
+                            "default) or aiohttp"),
+        p.add_argument("--no-shm", action="store_true",
+                       help="send every tensor inline (processes on different hosts)"),
+    ]
+
+
+def frontend_argv(args: argparse.Namespace) -> list[str]:
+    """The flags of add_frontend_args, as parsed into ``args``, written back as a frontend
+    process's command line: `trireme serve` forwards every frontend flag this way, so a
+    new flag needs no edit there."""
+    argv: list[str] = []
+    for action in add_frontend_args(argparse.ArgumentParser(add_help=False)):
+        flag, value = action.option_strings[-1], getattr(args, action.dest)
+        if action.nargs == 0:                    # store_true / store_false / store_const
+            if value == action.const and value != action.default:
+                argv.append(flag)
+        elif isinstance(value, list):            # append
+            for item in value:
+                argv += [flag, str(item)]
+        elif value is not None:
+            argv += [flag, str(value)]
+    return argv
 
 
 def _bool(v: str) -> bool:

@@ -3,18 +3,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.shm import DEFAULT_INLINE_THRESHOLD
+from services.dataplane.settings import DataPlaneSettings
 
 DEFAULT_HTTP_MAX_INPUT_SIZE = 64 * 1024 * 1024
 
+# Triton's extension list, in Triton's order, restricted to what is implemented.
+EXTENSIONS = ["model_repository", "schedule_policy", "model_configuration", "binary_tensor_data",
+              "parameters", "statistics"]
+
 
 @dataclass
-class FrontendSettings:
-    scheduler_addr: str
-    """The scheduler's frontend listener (unix://, stream://, or ZeroMQ's ipc:// / tcp://)."""
-    result_addr: str = ""
-    """Where workers send results to this frontend; empty: a socket path chosen at start,
-    on the scheduler address's wire."""
+class FrontendSettings(DataPlaneSettings):
+    """The data plane's settings (scheduler and result addresses, inline threshold, shared
+    memory) and the frontend's own: ports, limits, servers."""
     host: str = "0.0.0.0"
     http_port: int = 8000
     grpc_port: int = 8001
@@ -25,15 +26,14 @@ class FrontendSettings:
     server_name: str = "trireme"
     """Name in server metadata; "triton" for test suites written against Triton."""
     server_version: str = "0.1.0"
-    inline_threshold: int = DEFAULT_INLINE_THRESHOLD
-    """Tensors smaller than this travel as ZeroMQ frames instead of shared memory."""
-    use_shm: bool = True
-    """Place large tensors in shared memory (off when processes do not share a host)."""
     grpc_impl: str = "native"
     """gRPC server: "native" (HTTP/2 on the frontend's own loop) or "aio" (grpc.aio)."""
     http_impl: str = "native"
     """HTTP server: "native" (HTTP/1.1 parsed by httptools on the frontend's own loop) or
     "aiohttp" (aiohttp's low-level server)."""
+
+    def server_metadata(self) -> dict:
+        return {"name": self.server_name, "version": self.server_version, "extensions": EXTENSIONS}
 
     def __post_init__(self) -> None:
         if self.grpc_impl not in ("native", "aio"):

@@ -25,8 +25,9 @@ Without dynamic_batching every request is its own execution, in arrival order.
 from __future__ import annotations
 
 import collections
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from services.common.errors import Code, TriremeError
 
@@ -58,7 +59,7 @@ class BatcherConfig:
     delay_count: int = 0                # TRITONSERVER_DELAY_SCHEDULER
 
     @classmethod
-    def from_model_config(cls, cfg: Any, delay_count: int = 0) -> "BatcherConfig":
+    def from_model_config(cls, cfg: Any, delay_count: int = 0) -> BatcherConfig:
         """From an inference.ModelConfig (already normalised and completed)."""
         if not cfg.HasField("dynamic_batching") or cfg.max_batch_size <= 0:
             return cls(max_batch_size=max(cfg.max_batch_size, 0))
@@ -68,8 +69,7 @@ class BatcherConfig:
                           if i.is_shape_tensor or (not i.allow_ragged_batch
                                                    and any(d < 0 for d in i.dims)))
         levels = db.priority_levels
-        policies = {lvl: _policy(db.priority_queue_policy[lvl]
-                                 if lvl in db.priority_queue_policy else db.default_queue_policy)
+        policies = {lvl: _policy(db.priority_queue_policy.get(lvl, db.default_queue_policy))
                     for lvl in range(1, max(levels, 1) + 1)}
         return cls(
             dynamic=True, max_batch_size=cfg.max_batch_size,
@@ -90,10 +90,10 @@ def _policy(p: Any) -> QueuePolicy:
 class Entry:
     """A queued request as the batcher sees it; ``item`` is the caller's object, None once
     cancelled (the entry stays where it is until a walk or a pop meets it)."""
-    __slots__ = ("item", "batch_size", "enqueued_ns", "deadline_ns", "signature", "level")
+    __slots__ = ("batch_size", "deadline_ns", "enqueued_ns", "item", "level", "signature")
 
     def __init__(self, item: Any, batch_size: int, enqueued_ns: int, deadline_ns: int,
-                 signature: Any, level: "_Level") -> None:
+                 signature: Any, level: _Level) -> None:
         self.item = item
         self.batch_size = batch_size
         self.enqueued_ns = enqueued_ns
@@ -103,7 +103,7 @@ class Entry:
 
 
 class _Level:
-    __slots__ = ("policy", "main", "delayed", "dead")
+    __slots__ = ("dead", "delayed", "main", "policy")
 
     def __init__(self, policy: QueuePolicy) -> None:
         self.policy = policy

@@ -3,6 +3,13 @@ loaded, and the load / unload state machine that spawns and stops instance worke
 
     scan ─▶ config + auto-complete ─▶ first instance (completes IO from the file)
          ─▶ validate ─▶ remaining instances ─▶ READY            (any failure: UNAVAILABLE)
+
+Every model and version state transition happens here, also the ones a worker's death
+causes: the Scheduler (main.py) only routes its messages and process events to these methods.
+
+    worker exits ─▶ what it held fails ─▶ (backoff) restart ─▶ serving again
+                                                     └─ fails ─▶ instance lost: with none
+                                                        left the version is UNAVAILABLE
 """
 from __future__ import annotations
 
@@ -13,28 +20,32 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable
+from typing import Any
 
 from protos import model_config_pb2 as mc
 from services.common import config as cfgmod
 from services.common import messages as m
 from services.common import repository as repo
 from services.common.datatypes import config_to_api
-from services.common.errors import Code, TriremeError
+from services.common.errors import Code, TriremeError, not_ready_text, unknown_model
+from services.common.states import ModelState
 from services.scheduler.dispatch import Instance, VersionQueue
 
 log = logging.getLogger("trireme.models")
 
-READY, LOADING, UNAVAILABLE, UNLOADING = "READY", "LOADING", "UNAVAILABLE", "UNLOADING"
+RESTART_BACKOFF_S = 0.5
+READY, LOADING, UNAVAILABLE, UNLOADING = (ModelState.READY, ModelState.LOADING,
+                                          ModelState.UNAVAILABLE, ModelState.UNLOADING)
 _worker_ids = itertools.count(1)
 
 
 @dataclass
 class VersionState:
     version: int
-    state: str = LOADING
+    state: ModelState = LOADING
     reason: str = ""
     queue: VersionQueue | None = None
 
@@ -45,7 +56,7 @@ class ModelEntry:
     path: Path | None = None
     config: Any = None                        # completed mc.ModelConfig once loaded
     versions: dict[int, VersionState] = field(default_factory=dict)
-    state: str = ""                           # model-level state when no version exists
+    state: ModelState | None = None           # model-level state when no version exists
     reason: str = ""
     info: m.ModelInfo | None = None           # cached answer for frontends
     instances: list[Instance] = field(default_factory=list)
@@ -87,7 +98,7 @@ class ModelManager:
     def __init__(self, repositories: list[Path], *, spawn_instance: Callable, stop_instance: Callable,
                  make_queue: Callable, changed: Callable[[list[str]], None],
                  config_name: str | None = None, disable_autocomplete: bool = False,
-                 limiter: Any = None) -> None:
+                 limiter: Any = None, restart_backoff_s: float = RESTART_BACKOFF_S) -> None:
         self.repositories = repositories
         self.models: dict[str, ModelEntry] = {}
         self.spawn_instance = spawn_instance      # async (Instance, config bytes, model_dir, autocomplete) -> mc.ModelConfig
@@ -97,6 +108,7 @@ class ModelManager:
         self.config_name = config_name
         self.disable_autocomplete = disable_autocomplete
         self.limiter = limiter                    # RateLimiter with --rate-limit execution_count
+        self.restart_backoff_s = restart_backoff_s
         self._locks: dict[str, asyncio.Lock] = {}
         self._starting: list[ModelEntry] = []    # loads in progress: not in self.models yet
         self._closing = False
@@ -123,7 +135,7 @@ class ModelManager:
             e = self.models[name]
             if not e.versions:
                 if not ready_only:
-                    out.append(m.IndexEntry(name, state=e.state, reason=e.reason))
+                    out.append(m.IndexEntry(name, state=e.state or "", reason=e.reason))
                 continue
             for v in sorted(e.versions):
                 s = e.versions[v]
@@ -135,8 +147,8 @@ class ModelManager:
     def info(self, name: str) -> m.ModelInfo:
         e = self.models.get(name)
         if e is None:
-            return m.ModelInfo(0, name, error=m.ErrorRecord(
-                int(Code.NOT_FOUND), f"Request for unknown model: '{name}' is not found"))
+            err = unknown_model(name)
+            return m.ModelInfo(0, name, error=m.ErrorRecord(int(err.code), err.message))
         if e.info is None:
             e.info = model_info(e)
         return e.info
@@ -275,8 +287,7 @@ class ModelManager:
         """Finish what the workers hold, fail what is still queued, stop the workers."""
         for vs in entry.versions.values():
             if vs.queue is not None:
-                vs.queue.fail_queued(Code.UNAVAILABLE,
-                                     f"'{entry.name}' version {vs.version} is not at ready state")
+                vs.queue.fail_queued(Code.UNAVAILABLE, not_ready_text(entry.name, vs.version))
         for _ in range(600):   # in-flight batches finish (or their worker dies) within the deadline
             if not any(i.inflight for i in entry.instances):
                 break
@@ -318,6 +329,53 @@ class ModelManager:
             await self.unload(name)
             self.models.pop(name, None)
             self.changed([name])
+
+    # ---------------------------------------------------------------- supervision
+    async def instance_exited(self, inst: Instance, code: int) -> None:
+        """A loaded instance's worker exited on its own (not stopped, not while loading):
+        what it held fails now; then it is restarted with the same config, unless the
+        server is shutting down or its model was unloaded or reloaded meanwhile."""
+        if self._closing:
+            return
+        why = (f"model instance '{inst.name}' of model '{inst.model}' exited unexpectedly "
+               f"(exit code {code}); the request was not completed")
+        entry = self.models.get(inst.model)
+        vs = entry.versions.get(inst.version) if entry else None
+        if vs is not None and vs.queue is not None:
+            vs.queue.worker_died(inst, why)
+        if entry is None or inst not in entry.instances or entry.config is None:
+            return
+        await asyncio.sleep(self.restart_backoff_s)
+        if self._closing or inst not in entry.instances:
+            return
+        await self._restart(entry, vs, inst)
+
+    async def _restart(self, entry: ModelEntry, vs: VersionState | None, inst: Instance) -> None:
+        """Bring an instance back with its model's completed config; one that cannot come
+        back is lost (instance_lost)."""
+        inst.loaded = False
+        try:
+            await self.spawn_instance(inst, entry.config.SerializeToString(), str(entry.path), False)
+        except TriremeError as e:
+            log.error("restart of %s failed: %s", inst.name, e.message)
+            self.instance_lost(entry, inst, e.message)
+            return
+        if vs is not None and vs.queue is not None and inst in entry.instances:
+            vs.queue.add_instance(inst)
+            log.info("instance %s restarted (pid %d)", inst.name, inst.pid)
+
+    def instance_lost(self, entry: ModelEntry, inst: Instance, reason: str) -> None:
+        """An instance that cannot come back: with none left, the version is UNAVAILABLE and
+        what waits for it fails now instead of waiting forever."""
+        if inst in entry.instances:
+            entry.instances.remove(inst)
+        vs = entry.versions.get(inst.version)
+        if vs is None or vs.queue is None or vs.queue.instances:
+            return
+        vs.state, vs.reason = UNAVAILABLE, reason
+        vs.queue.fail_queued(Code.UNAVAILABLE, not_ready_text(inst.model, inst.version))
+        entry.info = None
+        self.changed([inst.model])
 
     def find_instance(self, worker_id: str) -> tuple[ModelEntry, Instance] | None:
         for e in self.models.values():

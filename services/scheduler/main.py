@@ -25,7 +25,14 @@ import msgspec
 
 from services.common import messages as m
 from services.common import shm, transport
-from services.common.errors import Code, TriremeError
+from services.common.errors import (
+    CANCELLED_TEXT,
+    Code,
+    TriremeError,
+    not_ready_text,
+    unknown_model,
+)
+from services.common.states import ModelState
 from services.scheduler.batcher import BatcherConfig
 from services.scheduler.dispatch import Instance, Pending, VersionQueue, log_request
 from services.scheduler.lifecycle import ModelManager
@@ -37,9 +44,7 @@ from services.scheduler.supervisor import ProcessHandle
 log = logging.getLogger("trireme.scheduler")
 
 LOAD_TIMEOUT_S = 300.0
-RESTART_BACKOFF_S = 0.5
 PROBE_TIMEOUT_S = 10.0
-CANCELLED_TEXT = "Request cancelled"
 
 
 @dataclass
@@ -178,7 +183,7 @@ class Scheduler:
         if not self.settings.strict_readiness:
             return True
         # Strict readiness: every model that should be loaded is.
-        return all(any(v.state == "READY" for v in e.versions.values())
+        return all(any(v.state == ModelState.READY for v in e.versions.values())
                    for e in self.models.models.values() if e.versions and
                    any(v.reason != "unloaded" for v in e.versions.values()))
 
@@ -194,12 +199,11 @@ class Scheduler:
         vs = entry.ready_version(req.version) if entry is not None else None
         if vs is None or vs.queue is None:
             if entry is None:
-                self._fail_req(identity, req, Code.NOT_FOUND,
-                               f"Request for unknown model: '{req.model}' is not found")
+                err = unknown_model(req.model)
+                self._fail_req(identity, req, err.code, err.message)
             else:
                 v = req.version or max(entry.versions, default=0)
-                self._fail_req(identity, req, Code.UNAVAILABLE,
-                               f"'{req.model}' version {v} is not at ready state")
+                self._fail_req(identity, req, Code.UNAVAILABLE, not_ready_text(req.model, v))
             return
         req.version = vs.version
         p = Pending(identity, req, frames, time.monotonic_ns(), stats=vs.queue.stats)
@@ -244,7 +248,7 @@ class Scheduler:
     def _ready_versions(self) -> list[tuple[str, int]]:
         """(model, version) of every READY version, sorted: what statistics and metrics show."""
         return [(n, v) for n, e in sorted(self.models.models.items())
-                for v, s in sorted(e.versions.items()) if s.state == "READY"]
+                for v, s in sorted(e.versions.items()) if s.state == ModelState.READY]
 
     def _statistics(self, msg: m.GetStats) -> m.Stats:
         """The statistics extension: every ready version, one model, or one version."""
@@ -282,7 +286,7 @@ class Scheduler:
                 bad = [r for r in results if not r.ready]
                 if bad:
                     err = m.ErrorRecord(int(Code.UNAVAILABLE), bad[0].reason or "not ready")
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 err = m.ErrorRecord(int(Code.UNAVAILABLE), f"'{msg.model}' did not answer its "
                                                            f"readiness check in {PROBE_TIMEOUT_S:.0f} s")
             finally:
@@ -379,7 +383,7 @@ class Scheduler:
                 0 if inst.kind == "KIND_GPU" else inst.device_id, autocomplete,
                 self.settings.frontend_addr))
             reply: m.ModelLoaded = await asyncio.wait_for(loaded, LOAD_TIMEOUT_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             await handle.stop(1.0)
             raise TriremeError(Code.INTERNAL, f"instance '{inst.name}' of '{inst.model}' did not "
                                               f"load within {LOAD_TIMEOUT_S:.0f} s") from None
@@ -394,19 +398,6 @@ class Scheduler:
         self._by_pid[inst.pid] = inst
         self._workers[inst.worker_id] = inst
         return mc.ModelConfig.FromString(reply.config)
-
-    def _instance_lost(self, entry: Any, inst: Instance, reason: str) -> None:
-        """An instance that cannot come back: with none left, the version is UNAVAILABLE and
-        what waits for it fails now instead of waiting forever."""
-        if inst in entry.instances:
-            entry.instances.remove(inst)
-        vs = entry.versions.get(inst.version)
-        if vs is None or vs.queue is None or vs.queue.instances:
-            return
-        vs.state, vs.reason = "UNAVAILABLE", reason
-        vs.queue.fail_queued(Code.UNAVAILABLE, f"'{inst.model}' version {inst.version} is not at ready state")
-        entry.info = None
-        self._changed([inst.model])
 
     async def _stop_instance(self, inst: Instance) -> None:
         self._by_pid.pop(inst.pid, None)
@@ -431,27 +422,6 @@ class Scheduler:
                         Code.INTERNAL, f"instance '{inst.name}' of model '{inst.model}' exited "
                                        f"with code {code} while loading"))
             return
-        if handle.stopping or self._stopping:
+        if handle.stopping:   # stopped on purpose (unload, reload, shutdown)
             return
-        why = (f"model instance '{inst.name}' of model '{inst.model}' exited unexpectedly "
-               f"(exit code {code}); the request was not completed")
-        entry = self.models.models.get(inst.model)
-        vs = entry.versions.get(inst.version) if entry else None
-        if vs is not None and vs.queue is not None:
-            vs.queue.worker_died(inst, why)
-        if entry is None or inst not in entry.instances or entry.config is None:
-            return
-        # Supervise: bring the instance back with the same config.
-        await asyncio.sleep(RESTART_BACKOFF_S)
-        if self._stopping or inst not in entry.instances:
-            return
-        inst.loaded = False
-        try:
-            await self._spawn_instance(inst, entry.config.SerializeToString(), str(entry.path), False)
-        except TriremeError as e:
-            log.error("restart of %s failed: %s", inst.name, e.message)
-            self._instance_lost(entry, inst, e.message)
-            return
-        if vs is not None and vs.queue is not None and inst in entry.instances:
-            vs.queue.add_instance(inst)
-            log.info("instance %s restarted (pid %d)", inst.name, inst.pid)
+        await self.models.instance_exited(inst, code)   # fail what it held; restart it

@@ -11,10 +11,9 @@ that forms smaller batches than expected shows up on a dashboard.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import msgspec
-
 from aiohttp import web
 
 from services.scheduler.stats import BATCH_BUCKETS, StatsRegistry, VersionStats

@@ -18,9 +18,10 @@ With the limiter off (the default) resources are ignored and any idle instance r
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
-from services.common.errors import Code, TriremeError
+from services.common.errors import invalid_arg, load_failed_text
 
 GLOBAL = -2        # Triton's GLOBAL_RESOURCE_KEY
 PER_DEVICE = -1    # Triton's PER_DEVICE_RESOURCE_KEY: a flag without device, or device -1
@@ -72,8 +73,7 @@ class RateLimiter:
                 largest[key] = max(largest.get(key, 0), n)
             why = self._invalid(largest)
             if why:
-                raise TriremeError(Code.INVALID_ARG,
-                                   f"failed to load '{model}' version {version}: {why}")
+                raise invalid_arg(load_failed_text(model, version, why))
 
     def _invalid(self, largest: dict[Key, int]) -> str:
         """Triton's ParseAndValidateExplicitResources then ValidateMaxResources, over the

@@ -17,9 +17,9 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 class VersionStats:
-    __slots__ = ("inference_count", "execution_count", "last_inference_ms", "success", "fail",
-                 "queue", "compute_input", "compute_infer", "compute_output", "batches",
-                 "failures", "batcher")
+    __slots__ = ("batcher", "batches", "compute_infer", "compute_input", "compute_output",
+                 "execution_count", "fail", "failures", "inference_count", "last_inference_ms",
+                 "queue", "success")
 
     def __init__(self) -> None:
         self.inference_count = 0

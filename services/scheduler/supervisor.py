@@ -7,7 +7,7 @@ import logging
 import os
 import signal
 import sys
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from services.common import shm
 
@@ -18,7 +18,7 @@ class ProcessHandle:
     """One child process running ``python -m <module> <args>``."""
 
     def __init__(self, name: str, module: str, args: list[str],
-                 on_exit: Callable[["ProcessHandle", int], Awaitable[None] | None] | None = None,
+                 on_exit: Callable[[ProcessHandle, int], Awaitable[None] | None] | None = None,
                  env: dict[str, str] | None = None) -> None:
         self.name = name
         self.module = module
@@ -79,6 +79,6 @@ class ProcessHandle:
         self.signal(signal.SIGTERM)
         try:
             await asyncio.wait_for(asyncio.shield(self._waiter), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.signal(signal.SIGKILL)
             await self._waiter

@@ -60,7 +60,7 @@ class BatchIO:
     """One model's ragged inputs, batch inputs and batch outputs. `of(cfg)` is None when the
     config has none of them, so a worker's plain batches pay nothing."""
 
-    __slots__ = ("model", "ragged", "inputs", "outputs")
+    __slots__ = ("inputs", "model", "outputs", "ragged")
 
     def __init__(self, cfg) -> None:
         validate_batch_io(cfg)   # the worker may see the config before the scheduler checks it

@@ -19,18 +19,30 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from services.common import messages as m
 from services.common import transport
-from services.common.datatypes import (datatype_of, deserialize_bytes_tensor, numpy_dtype,
-                                       serialize_bytes_tensor)
-from services.common.errors import Code, TriremeError
+from services.common.datatypes import (
+    datatype_of,
+    deserialize_bytes_tensor,
+    numpy_dtype,
+    serialize_bytes_tensor,
+)
+from services.common.errors import Code, TriremeError, load_failed_text
 from services.common.procutil import die_with_parent, set_title
-from services.common.shm import DEFAULT_INLINE_THRESHOLD, Arena, SegmentMap, ShmUnavailable
+from services.common.shm import (
+    DEFAULT_INLINE_THRESHOLD,
+    Arena,
+    SegmentMap,
+    ShmUnavailable,
+)
 from services.workers.batch_io import BatchIO
+
+if TYPE_CHECKING:
+    from services.workers.backends.base import Backend
 
 log = logging.getLogger("trireme.worker")
 
@@ -51,9 +63,11 @@ class Worker:
         self.arena = Arena("out") if use_shm else None
         self.shm_ok = self.arena is not None
         self.inline_threshold = inline_threshold
-        self.backend: Any = None
-        self.per_request = False   # the backend answers each request itself (Python)
+        self.backend: Backend | None = None
         self.batch_io: BatchIO | None = None   # ragged inputs, batch_input/batch_output
+        # The outputs of a request that names none: every output of the config (Triton's
+        # InferenceRequest::Normalize), decided here once for every backend.
+        self.config_outputs: list[str] = []
         # A Python model may send responses from its own threads: the output arena and
         # the result sockets are used under this lock.
         self.lock = threading.Lock()
@@ -98,28 +112,27 @@ class Worker:
     # ------------------------------------------------------------------ load
     def load(self, msg: m.LoadModel) -> None:
         from protos import model_config_pb2 as mc
-        from services.workers.backend import create_backend
+        from services.workers.backends.base import create_backend
 
         self.model = msg.model
         set_title(f"trireme worker {msg.instance_name} ({msg.model} v{msg.version})")
         try:
             cfg = mc.ModelConfig.FromString(msg.config)
-            self.backend = create_backend(cfg, msg)
-            self.per_request = getattr(self.backend, "per_request", False)
+            backend = self.backend = create_backend(cfg, msg)
             # Decided once here: batches of models without any keep the plain path.
-            self.batch_io = None if self.per_request else BatchIO.of(self.backend.config)
-            cancels = getattr(self.backend, "cancels", None)
-            if cancels is not None:   # its models can stop early: open the cancel channel
-                cancels.listen(self.scheduler_addr, self.worker_id)
-            reply = m.ModelLoaded(self.worker_id, config=self.backend.config.SerializeToString(),
-                                  probe=hasattr(self.backend, "is_ready"), metrics=self._metrics(),
-                                  cancellable=cancels is not None)
+            self.batch_io = None if backend.per_request else BatchIO.of(backend.config)
+            self.config_outputs = [io.name for io in backend.config.output]
+            if backend.cancels is not None:   # its models can stop early: open the cancel channel
+                backend.cancels.listen(self.scheduler_addr, self.worker_id)
+            reply = m.ModelLoaded(self.worker_id, config=backend.config.SerializeToString(),
+                                  probe=backend.probes_ready, metrics=backend.take_metrics(),
+                                  cancellable=backend.cancels is not None)
         except TriremeError as e:
             reply = m.ModelLoaded(self.worker_id, error=m.ErrorRecord(int(e.code), e.message))
         except Exception as e:  # a framework's own load error
             log.exception("load of %s failed", msg.model)
             reply = m.ModelLoaded(self.worker_id, error=m.ErrorRecord(
-                int(Code.INVALID_ARG), f"failed to load '{msg.model}' version {msg.version}: {e}"))
+                int(Code.INVALID_ARG), load_failed_text(msg.model, msg.version, e)))
         self.sock.send(m.encode(reply))
 
     def probe(self, msg: m.ProbeReady) -> None:
@@ -129,7 +142,7 @@ class Worker:
             ready = bool(self.backend.is_ready())
             if not ready:
                 reason = f"model '{self.model}' reports it is not ready"
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any failure of the check means not ready
             ready, reason = False, str(e)
         self.sock.send(m.encode(m.ProbeResult(msg.probe_id, self.worker_id, ready, reason)))
 
@@ -153,7 +166,7 @@ class Worker:
             per_item = [{r.name: self._array(r, frames) for r in it.inputs} for it in items]
             if self.backend.reshape is not None:   # config reshape: the model sees reshape.shape
                 per_item = [self.backend.reshape.inputs_for_model(p) for p in per_item]
-            if self.per_request:
+            if self.backend.per_request:
                 failed = self._run_requests(items, per_item, replies, times)
             else:
                 self._run_batch(items, per_item, replies, times)
@@ -174,11 +187,8 @@ class Worker:
         t3 = time.perf_counter_ns()
         t1, t2 = times
         self.sock.send(m.encode(m.BatchDone(
-            batch.batch_id, self.worker_id, t1 - t0, t2 - t1, t3 - t2, failed, self._metrics())))
-
-    def _metrics(self) -> list | None:
-        take = getattr(self.backend, "take_metrics", None)
-        return take() if take is not None else None
+            batch.batch_id, self.worker_id, t1 - t0, t2 - t1, t3 - t2, failed,
+            self.backend.take_metrics())))
 
     def _run_batch(self, items: list[m.BatchItem], per_item: list[dict], replies: dict,
                    times: list[int]) -> None:
@@ -193,20 +203,21 @@ class Worker:
             inputs = {name: np.concatenate([p[name] for p in per_item]) for name in per_item[0]}
         times[0] = time.perf_counter_ns()
         # 2. run
-        outputs = self.backend.execute(inputs, _union_outputs(items))
+        outputs = self.backend.execute(inputs, _union_outputs(items, self.config_outputs))
         times[1] = time.perf_counter_ns()
         # 3. scatter: split back per request as views; one message per frontend carries
         #    all of its results (ZeroMQ costs per message, not per byte).
         if bio is not None:   # batch outputs split by their source input's shapes
             split = bio.scatter(outputs, [it.batch_size for it in items], per_item)
             for it, mine in zip(items, split):
-                self._add_result(replies, it, [(n, mine[n]) for n in it.outputs or mine])
+                names = it.outputs or self.config_outputs
+                self._add_result(replies, it, [(n, mine[n]) for n in names])
             return
         start = 0
         for it in items:
             stop = start + it.batch_size
             mine = outputs if len(items) == 1 else {k: v[start:stop] for k, v in outputs.items()}
-            names = it.outputs or list(mine)
+            names = it.outputs or self.config_outputs
             self._add_result(replies, it, [(n, mine[n]) for n in names])
             start = stop
 
@@ -226,7 +237,7 @@ class Worker:
             elif answer is not None:   # None: its response sender answers
                 try:
                     self._add_result(replies, it, _chosen(it, answer))
-                except Exception as e:   # e.g. an output no datatype fits: this request only
+                except Exception as e:  # noqa: BLE001 - e.g. no datatype fits: fails this request
                     self._add_error(replies, it, TriremeError(
                         Code.INTERNAL, f"model '{self.model}' returned an output it cannot send: {e}"))
                     failed += 1
@@ -320,14 +331,10 @@ def _chosen(item: m.BatchItem, outputs: dict[str, np.ndarray]) -> list[tuple[str
     return [(n, outputs[n]) for n in (item.outputs or outputs) if n in outputs]
 
 
-def _union_outputs(items: list[m.BatchItem]) -> list[str]:
-    if any(not it.outputs for it in items):
-        return []
-    seen: dict[str, None] = {}
-    for it in items:
-        for name in it.outputs:
-            seen[name] = None
-    return list(seen)
+def _union_outputs(items: list[m.BatchItem], config_outputs: list[str]) -> list[str]:
+    """The outputs one execution computes: each name a request of the batch asked for, and
+    the config's outputs for a request that named none; in order of first mention."""
+    return list(dict.fromkeys(name for it in items for name in it.outputs or config_outputs))
 
 
 def _to_wire(arr: np.ndarray) -> tuple[str, memoryview | bytes]:

@@ -53,7 +53,7 @@ class Reshape:
     """The reshapes of one model's config. `of(cfg)` is None when no tensor has one, so a
     worker pays nothing for models without."""
 
-    __slots__ = ("model", "batching", "inputs", "outputs")
+    __slots__ = ("batching", "inputs", "model", "outputs")
 
     def __init__(self, cfg) -> None:
         self.model = cfg.name

@@ -13,12 +13,12 @@ import pytest
 from services.common import messages as m
 from services.common import transport
 from services.common.errors import Code, TriremeError
-from services.frontend.dataplane import DataPlane
+from services.dataplane.client import DataPlane
 from services.frontend.settings import FrontendSettings
-from services.frontend.types import CoreRequest, InputTensor
+from services.dataplane.types import CoreRequest, InputTensor
 from services.scheduler.batcher import QUEUE_FULL, Batcher, BatcherConfig, QueuePolicy
-from services.workers import pb_utils
-from services.workers.cancel import EARLY_MAX, Cancels
+from services.workers.python import pb_utils
+from services.workers.python.cancel import EARLY_MAX, Cancels
 from tests.unit.test_version_queue import LONG, MS, Harness, dyn
 
 

@@ -1,6 +1,6 @@
 """A frontend says neither live nor ready until every port it serves is open, so a client
 that polled one protocol's health never finds the other protocol's port closed."""
-from services.frontend.dataplane import DataPlane
+from services.dataplane.client import DataPlane
 from services.frontend.settings import FrontendSettings
 
 

@@ -17,8 +17,8 @@ from hpack import Decoder
 
 from protos import grpc_service_pb2 as pb
 from services.common.errors import Code, TriremeError
-from services.frontend.grpc_server import start_grpc
-from services.frontend.h2_connection import PREFACE, encode_literal_headers, frame_header
+from services.frontend.grpc.methods import start_grpc
+from services.frontend.grpc.h2 import PREFACE, encode_literal_headers, frame_header
 from services.frontend.settings import FrontendSettings
 from tests.unit.test_grpc_codec import FakeDataPlane, echo_request
 

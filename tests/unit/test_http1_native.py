@@ -11,9 +11,9 @@ import re
 
 import pytest
 
-from services.frontend.http1 import MAX_QUEUED, NativeHttpServer
-from services.frontend.http_message import Reply
-from services.frontend.http_server import start_http
+from services.frontend.http.engine import MAX_QUEUED, NativeHttpServer
+from services.frontend.http.message import Reply
+from services.frontend.http.routes import start_http
 from services.frontend.settings import FrontendSettings
 from tests.unit.test_http1 import (LIMIT, FakeDataPlane, connect, data_of, infer_body,
                                    no_other_tasks, post, response, run, server_conns,

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from services.common.errors import Code, TriremeError
-from services.frontend import http_codec as codec
-from services.frontend.types import (CoreRequest, CoreResponse, OutputTensor,
+from services.frontend.http import codec
+from services.dataplane.types import (CoreRequest, CoreResponse, OutputTensor,
                                      RequestedOutput)
 
 
@@ -380,7 +380,7 @@ def test_unknown_load_parameter():
 
 
 def test_http_status_table():
-    from services.frontend.http_server import http_status
+    from services.frontend.http.routes import http_status
     assert {c: http_status(c) for c in Code} == {
         Code.UNKNOWN: 400, Code.INTERNAL: 500, Code.NOT_FOUND: 404, Code.INVALID_ARG: 400,
         Code.UNAVAILABLE: 503, Code.UNSUPPORTED: 501, Code.ALREADY_EXISTS: 400,

@@ -9,8 +9,8 @@ import pytest
 
 from services.common.errors import Code, TriremeError
 from services.common.messages import ErrorRecord, IOSpec, ModelInfo
-from services.frontend.types import CoreRequest, InputTensor, RequestedOutput
-from services.frontend.validation import resolve_version, unknown_model_error, validate_infer
+from services.dataplane.types import CoreRequest, InputTensor, RequestedOutput
+from services.dataplane.validation import resolve_version, unknown_model_error, validate_infer
 
 RID = "[request id: <id_unknown>] "
 NOTE = ("NOTE: Setting a non-zero max_batch_size in the model config requires a batch "

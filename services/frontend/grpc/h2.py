@@ -84,7 +84,7 @@ def encode_literal_headers(headers: list[tuple[bytes, bytes]]) -> bytes:
 
 
 class _Stream:
-    __slots__ = ("app", "send_window", "pending", "recv_consumed", "closed_local")
+    __slots__ = ("app", "closed_local", "pending", "recv_consumed", "send_window")
 
     def __init__(self, send_window: int) -> None:
         self.app: Any = None
@@ -98,8 +98,8 @@ class _Stream:
 class H2Connection(asyncio.Protocol):
     """One client connection. ``open_stream(conn, stream_id, headers)`` -> stream app."""
 
-    def __init__(self, open_stream: Callable[["H2Connection", int, list], Any],
-                 on_close: Callable[["H2Connection"], None] | None = None) -> None:
+    def __init__(self, open_stream: Callable[[H2Connection, int, list], Any],
+                 on_close: Callable[[H2Connection], None] | None = None) -> None:
         self._open_stream = open_stream
         self._on_close = on_close
         self._transport: asyncio.Transport | None = None

@@ -19,15 +19,30 @@ from pathlib import Path
 # should hold our lines. setdefault: TF_CPP_MIN_LOG_LEVEL=0 in the environment still works.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from tensorflow.core.framework import types_pb2  # noqa: E402
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import types_pb2
 
-from protos import model_config_pb2 as mc  # noqa: E402
-from services.common.config import TF_GRAPHDEF, complete_io  # noqa: E402
-from services.common.datatypes import api_to_config, config_to_api  # noqa: E402
-from services.common.errors import Code, TriremeError  # noqa: E402
-from services.common.repository import model_file  # noqa: E402
+from protos import model_config_pb2 as mc
+from services.common.config import TF_GRAPHDEF, complete_io
+from services.common.datatypes import api_to_config, config_to_api
+from services.common.errors import (
+    Code,
+    TriremeError,
+    expects_datatype_text,
+    expects_inputs_text,
+    invalid_arg,
+    unexpected_io_text,
+)
+from services.common.repository import model_file
+from services.workers.backends.base import BackendBase
+from services.workers.backends.common import (
+    gpu_unavailable,
+    int_value,
+    model_dims,
+    model_inputs,
+    param,
+)
 
 log = logging.getLogger(__name__)
 tf.get_logger().setLevel(logging.ERROR)
@@ -41,25 +56,12 @@ _TF_TYPES = {
 _DEFAULT_TAG, _DEFAULT_SIGNATURE = "serve", "serving_default"
 
 
-def _err(msg: str) -> TriremeError:
-    return TriremeError(Code.INVALID_ARG, msg)
-
-
-def _param(cfg, key: str) -> str:
-    p = cfg.parameters.get(key)
-    return p.string_value if p is not None else ""
-
-
 def _thread_count(cfg, key: str) -> int:
     """Triton's TF_NUM_INTRA_THREADS / TF_NUM_INTER_THREADS: 0 (the default) lets TF choose."""
-    text = _param(cfg, key)
-    try:
-        n = int(text) if text else 0
-    except ValueError:
-        n = -1
+    error = f"parameter '{key}' must be non-negative number for TensorFlow model '{cfg.name}'"
+    n = int_value(param(cfg, key) or "0", error)
     if n < 0:
-        raise _err(f"parameter '{key}' must be non-negative number for TensorFlow model "
-                   f"'{cfg.name}'")
+        raise invalid_arg(error)
     return n
 
 
@@ -67,7 +69,8 @@ def _datatype(dtype, kind: str, key: str, model: str) -> str:
     datatype = _TF_TYPES.get(dtype)
     if datatype is None:
         name = types_pb2.DataType.Name(dtype.as_datatype_enum)
-        raise _err(f"unable to process {kind} '{key}' for '{model}', unsupported datatype '{name}'")
+        raise invalid_arg(f"unable to process {kind} '{key}' for '{model}', unsupported "
+                          f"datatype '{name}'")
     return datatype
 
 
@@ -75,23 +78,23 @@ def _init_ops(cfg, model_dir: str, version: int) -> list[str]:
     """TF_INIT_OPS_FILE (Triton's tensorflow backend): a JSON file {"init_ops": [names]} in the
     version folder or, failing that, the model folder; the named operations run once after the
     model loads (e.g. tf.compat.v1.global_variables_initializer, named "init")."""
-    filename = _param(cfg, "TF_INIT_OPS_FILE")
+    filename = param(cfg, "TF_INIT_OPS_FILE")
     if not filename:
         return []
     folders = (Path(model_dir) / str(version), Path(model_dir))
     path = next((f / filename for f in folders if (f / filename).is_file()), None)
     if path is None:
-        raise _err(f"unable to load model '{cfg.name}': TF_INIT_OPS_FILE '{filename}' is neither "
-                   f"in '{folders[0]}' nor in '{folders[1]}'")
+        raise invalid_arg(f"unable to load model '{cfg.name}': TF_INIT_OPS_FILE '{filename}' is "
+                          f"neither in '{folders[0]}' nor in '{folders[1]}'")
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise _err(f"unable to load model '{cfg.name}': failed to read TF_INIT_OPS_FILE "
-                   f"'{path}': {e}") from e
+        raise invalid_arg(f"unable to load model '{cfg.name}': failed to read TF_INIT_OPS_FILE "
+                          f"'{path}': {e}") from e
     ops = doc.get("init_ops") if isinstance(doc, dict) else None
     if not isinstance(ops, list) or not all(isinstance(op, str) for op in ops):
-        raise _err(f"unable to load model '{cfg.name}': TF_INIT_OPS_FILE '{path}' must hold an "
-                   "object with 'init_ops', a list of operation names")
+        raise invalid_arg(f"unable to load model '{cfg.name}': TF_INIT_OPS_FILE '{path}' must "
+                          "hold an object with 'init_ops', a list of operation names")
     return ops
 
 
@@ -101,13 +104,13 @@ def _run_init_ops(name: str, graph, prune, ops: list[str]) -> None:
         try:
             target = graph.get_operation_by_name(op)
         except (KeyError, ValueError):
-            raise _err(f"unable to load model '{name}': initialization operation '{op}' is not "
-                       "in the graph") from None
+            raise invalid_arg(f"unable to load model '{name}': initialization operation '{op}' "
+                              "is not in the graph") from None
         try:
             prune(feeds=[], fetches=[target])()
         except tf.errors.OpError as e:
-            raise _err(f"unable to load model '{name}': initialization operation '{op}' "
-                       f"failed: {_op_error_text(e)}") from e
+            raise invalid_arg(f"unable to load model '{name}': initialization operation '{op}' "
+                              f"failed: {_op_error_text(e)}") from e
 
 
 def _setup_runtime(cfg, kind: str) -> str | None:
@@ -121,10 +124,8 @@ def _setup_runtime(cfg, kind: str) -> str | None:
         tf.config.threading.set_inter_op_parallelism_threads(inter)
     gpus = tf.config.list_physical_devices("GPU")
     if kind == "KIND_GPU" and not gpus:
-        raise TriremeError(Code.UNAVAILABLE, (
-            f"model '{cfg.name}' asks for KIND_GPU but TensorFlow sees no GPU (the package is "
-            f"tensorflow-cpu, or no CUDA device is visible); install tensorflow with CUDA "
-            f"support on a machine with a GPU or set KIND_CPU"))
+        raise gpu_unavailable(cfg.name, "TensorFlow sees no GPU (the package is tensorflow-cpu, "
+                              "or no CUDA device is visible)", "tensorflow with CUDA support")
     if kind not in ("KIND_GPU", "KIND_MODEL"):
         if gpus:   # a CPU instance must not take GPU memory
             tf.config.set_visible_devices([], "GPU")
@@ -141,14 +142,14 @@ class _SavedModel:
 
     def __init__(self, cfg, path, autocomplete: bool) -> None:
         name = cfg.name
-        tag = _param(cfg, "TF_GRAPH_TAG") or _DEFAULT_TAG
+        tag = param(cfg, "TF_GRAPH_TAG") or _DEFAULT_TAG
         try:
             self._loaded = tf.saved_model.load(str(path), tags=[tag])
         except Exception as e:   # garbage files, missing variables, unknown tag, unknown op
             if autocomplete:
-                raise _err(f"unable to auto-complete model configuration for '{name}', failed "
-                           f"to load model: {e}") from e
-            raise _err(f"unable to load model '{name}': {e}") from e
+                raise invalid_arg(f"unable to auto-complete model configuration for '{name}', "
+                                  f"failed to load model: {e}") from e
+            raise invalid_arg(f"unable to load model '{name}': {e}") from e
         self.fn = self._signature(cfg)
         _, kwargs = self.fn.structured_input_signature
         self.dtypes = {k: spec.dtype for k, spec in kwargs.items()}
@@ -160,17 +161,17 @@ class _SavedModel:
 
     def _signature(self, cfg):
         sigs = self._loaded.signatures
-        wanted = _param(cfg, "TF_SIGNATURE_DEF")
+        wanted = param(cfg, "TF_SIGNATURE_DEF")
         if (wanted or _DEFAULT_SIGNATURE) in sigs:
             return sigs[wanted or _DEFAULT_SIGNATURE]
         if not wanted and sigs:
             # Triton: no "serving_default", so the model's (first) other signature.
-            other = sorted(sigs)[0]
+            other = min(sigs)
             log.warning("unable to find default serving signature '%s', using signature '%s'",
                         _DEFAULT_SIGNATURE, other)
             return sigs[other]
-        raise _err(f"unable to load model '{cfg.name}', expected '{wanted or _DEFAULT_SIGNATURE}' "
-                   "signature")
+        raise invalid_arg(f"unable to load model '{cfg.name}', expected "
+                          f"'{wanted or _DEFAULT_SIGNATURE}' signature")
 
     def complete(self, cfg, autocomplete: bool):
         """complete_io from the signature (Triton's rules); without auto-complete a config
@@ -187,10 +188,10 @@ class _SavedModel:
                     dims = [-1 if d is None else int(d) for d in shape]
                 elif key in given and given[key].dims:
                     io = given[key]   # the model sees the reshape when there is one (Triton)
-                    dims = batch + list(io.reshape.shape if io.HasField("reshape") else io.dims)
+                    dims = batch + model_dims(io)
                 else:
-                    raise _err(f"Unable to autofill for '{cfg.name}': the rank of model "
-                               f"tensor '{key}' is 0 which is not supported")
+                    raise invalid_arg(f"Unable to autofill for '{cfg.name}': the rank of model "
+                                      f"tensor '{key}' is 0 which is not supported")
                 triples[kind].append((key, datatype, dims))
         completed = complete_io(cfg, triples["input"], triples["output"])
         return completed if autocomplete else cfg
@@ -200,9 +201,10 @@ class _SavedModel:
         # TF2 one restores its own state and has no such graph.
         graph, prune = getattr(self._loaded, "graph", None), getattr(self._loaded, "prune", None)
         if graph is None or prune is None:
-            raise _err(f"unable to load model '{name}': TF_INIT_OPS_FILE needs a graph whose "
-                       "operations can be run by name (a GraphDef or a TensorFlow 1 SavedModel); "
-                       "a TensorFlow 2 SavedModel initializes itself when it loads")
+            raise invalid_arg(f"unable to load model '{name}': TF_INIT_OPS_FILE needs a graph "
+                              "whose operations can be run by name (a GraphDef or a TensorFlow 1 "
+                              "SavedModel); a TensorFlow 2 SavedModel initializes itself when it "
+                              "loads")
         _run_init_ops(name, graph, prune, ops)
 
     def run(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, tf.Tensor]:
@@ -222,24 +224,22 @@ class _GraphDef:
         try:
             graph_def.ParseFromString(path.read_bytes())
         except Exception as e:   # protobuf's DecodeError, or an unreadable file
-            raise _err(f"unable to load model '{name}': failed to parse '{path}' as a "
-                       f"GraphDef: {e}") from e
+            raise invalid_arg(f"unable to load model '{name}': failed to parse '{path}' as a "
+                              f"GraphDef: {e}") from e
         if not graph_def.node:
-            raise _err(f"model {name} has an empty network")
+            raise invalid_arg(f"model {name} has an empty network")
         placeholders = {n.name for n in graph_def.node if n.op == "Placeholder"}
         others = {n.name for n in graph_def.node if n.op != "Placeholder"}
         # Batch inputs are placeholders the worker feeds too: checked like the inputs.
-        inputs = [*cfg.input, *(mc.ModelInput(name=t, data_type=b.data_type)
-                                for b in cfg.batch_input for t in b.target_name)]
+        inputs = model_inputs(cfg)
         if len(inputs) > len(placeholders):
-            raise _err(f"unable to load model '{name}', configuration expects {len(inputs)} "
-                       f"inputs, model provides at most {len(placeholders)}")
+            raise invalid_arg(expects_inputs_text(name, len(inputs),
+                                                  f"at most {len(placeholders)}"))
         for kind, ios, allowed in (("input", inputs, placeholders),
                                    ("output", cfg.output, others)):
             for io in ios:
                 if io.name not in allowed:
-                    raise _err(f"unexpected inference {kind} '{io.name}', allowed {kind}s are: "
-                               + ", ".join(sorted(allowed)))
+                    raise invalid_arg(unexpected_io_text(kind, io.name, allowed))
         for node in graph_def.node:
             # Triton clears placements that are not the CPU: the instance picks the device.
             if "CPU" not in node.device.upper():
@@ -256,9 +256,8 @@ class _GraphDef:
                 have = _datatype(self.dtypes[io.name], kind, io.name, name)
                 want = config_to_api(mc.DataType.Name(io.data_type))
                 if have != want:
-                    raise _err(f"unable to load model '{name}', configuration expects datatype "
-                               f"{mc.DataType.Name(io.data_type)} for {kind} '{io.name}', model "
-                               f"provides {api_to_config(have)}")
+                    raise invalid_arg(expects_datatype_text(
+                        name, kind, io.name, mc.DataType.Name(io.data_type), api_to_config(have)))
 
     def initialize(self, name: str, ops: list[str]) -> None:
         _run_init_ops(name, self._wrapped.graph, self._wrapped.prune, ops)
@@ -282,7 +281,7 @@ def _op_error_text(e: tf.errors.OpError) -> str:
     return re.sub(r"\s*\[Op:[^\]]*\]$", "", text).replace("\n\t", "")
 
 
-class TensorFlowBackend:
+class TensorFlowBackend(BackendBase):
     def __init__(self, cfg, load) -> None:
         path = model_file(cfg, load.model_dir, load.version)
         init_ops = _init_ops(cfg, load.model_dir, load.version)
@@ -298,8 +297,6 @@ class TensorFlowBackend:
                 self.config = self.model.complete(cfg, load.autocomplete)
             if init_ops:
                 self.model.initialize(cfg.name, init_ops)
-        # No outputs asked for means the config's outputs (Triton), not all the model has.
-        self.output_names = [io.name for io in self.config.output]
 
     def _on_device(self):
         return tf.device(self.device) if self.device else contextlib.nullcontext()
@@ -307,7 +304,7 @@ class TensorFlowBackend:
     def execute(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
         try:
             with self._on_device():
-                results = self.model.run(inputs, outputs or self.output_names)
+                results = self.model.run(inputs, outputs)
         except tf.errors.OpError as e:
             raise TriremeError(Code.INTERNAL, f"TensorFlow error in model '{self.name}': "
                                               f"{_op_error_text(e)}") from e

@@ -31,8 +31,9 @@ from urllib.parse import unquote
 
 import httptools
 
-from .http_codec import error_body
-from .http_message import BROKEN, DONE, RECEIVING, Reply, Request
+from services.common.errors import unknown_expect_text
+from services.frontend.http.codec import error_body
+from services.frontend.http.message import BROKEN, DONE, RECEIVING, Reply, Request
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +128,7 @@ Handler = Callable[[Any], Awaitable[Reply]]
 class _Connection(asyncio.Protocol):
     """One client connection: parses requests, answers them in order."""
 
-    def __init__(self, server: "NativeHttpServer") -> None:
+    def __init__(self, server: NativeHttpServer) -> None:
         self._server = server
         self._handle = server.handle
         self._limit = server.limit
@@ -322,7 +323,7 @@ class _Connection(asyncio.Protocol):
                 self._flow()
         except asyncio.CancelledError:
             raise
-        except Exception:  # noqa: BLE001 - a bug here must not leave the client hanging
+        except Exception:
             log.exception("HTTP connection failed")
             self._close()
         finally:
@@ -335,7 +336,7 @@ class _Connection(asyncio.Protocol):
         expect = dict.get(req.headers, "expect")
         if expect and req.version == "1.1":    # as aiohttp: nothing to answer on HTTP/1.0
             if expect.lower() != "100-continue":
-                return Reply(417, f"Unknown Expect: {expect}".encode(),
+                return Reply(417, unknown_expect_text(expect).encode(),
                              "text/plain; charset=utf-8", close=True)
             if not self._closed:
                 self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # type: ignore[union-attr]
@@ -464,7 +465,7 @@ class NativeHttpServer:
         if self.connections:
             try:
                 await asyncio.wait_for(self._all_closed.wait(), grace)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         tasks = [c._task for c in self.connections if c._task is not None]
         for conn in list(self.connections):

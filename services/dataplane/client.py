@@ -1,4 +1,5 @@
-"""The transport-agnostic core of a frontend; the HTTP and gRPC adapters only call this.
+"""The scheduler's client: the transport-agnostic core that the HTTP and gRPC adapters call
+(through DataPlaneAPI) and that BLS runs inside a Python model's worker.
 
     adapter ─CoreRequest─▶ DataPlane.infer ─validate─▶ inputs → frames | shared memory
            ─InferRequest─▶ scheduler ─▶ worker ─InferResult─▶ (result socket) ─▶ CoreResponse
@@ -16,29 +17,31 @@ import itertools
 import json
 import logging
 import os
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from services.common import messages as m
 from services.common import transport
-from services.common.errors import Code, TriremeError
+from services.common.errors import (
+    Code,
+    TriremeError,
+    bad_version_string_text,
+    invalid_arg,
+)
 from services.common.shm import Arena, SegmentMap, ShmUnavailable
-from services.frontend.settings import FrontendSettings
-from services.frontend.types import CoreRequest, CoreResponse, OutputTensor
-from services.frontend.validation import resolve_version, validate_infer
+from services.common.states import ModelState
+from services.dataplane.settings import DataPlaneSettings
+from services.dataplane.types import CoreRequest, CoreResponse, OutputTensor
+from services.dataplane.validation import resolve_version, validate_infer
 
-log = logging.getLogger("trireme.frontend")
-
-# Triton's extension list, in Triton's order, restricted to what is implemented.
-EXTENSIONS = ["model_repository", "schedule_policy", "model_configuration", "binary_tensor_data",
-              "parameters", "statistics"]
-
+log = logging.getLogger("trireme.dataplane")
 
 def _error(rec: m.ErrorRecord) -> TriremeError:
     return TriremeError(rec.code, rec.message)
 
 
 class DataPlane:
-    def __init__(self, settings: FrontendSettings) -> None:
+    def __init__(self, settings: DataPlaneSettings) -> None:
         self.settings = settings
         self.pid = os.getpid()
         self._ids = itertools.count(1)
@@ -200,10 +203,6 @@ class DataPlane:
     def ready(self) -> bool:
         return self._scheduler_ready and not self.starting
 
-    def server_metadata(self) -> dict:
-        return {"name": self.settings.server_name, "version": self.settings.server_version,
-                "extensions": EXTENSIONS}
-
     async def _info(self, model: str) -> m.ModelInfo:
         info = self._models.get(model)
         if info is not None:
@@ -235,7 +234,7 @@ class DataPlane:
         info, _ = await self._ready_info(model, version)
         return {
             "name": info.name,
-            "versions": [str(v) for v, s in sorted(info.versions.items()) if s == "READY"],
+            "versions": [str(v) for v, s in sorted(info.versions.items()) if s == ModelState.READY],
             "platform": info.platform,
             "inputs": [{"name": i.name, "datatype": i.datatype, "shape": i.shape} for i in info.inputs],
             "outputs": [{"name": o.name, "datatype": o.datatype, "shape": o.shape} for o in info.outputs],
@@ -272,12 +271,12 @@ class DataPlane:
     async def load_model(self, model: str, parameters: dict) -> None:
         cfg = parameters.get("config", "")
         if cfg and not isinstance(cfg, str):
-            raise TriremeError(Code.INVALID_ARG, "'config' parameter must be a string")
+            raise invalid_arg("'config' parameter must be a string")
         files = {k: bytes(v) for k, v in parameters.items() if k.startswith("file:")}
         if files and not cfg:
-            raise TriremeError(Code.INVALID_ARG, "failed to load '" + model + "', failed to parse "
-                               "'file:' parameters: model configuration must be provided when "
-                               "model files are provided")
+            raise invalid_arg("failed to load '" + model + "', failed to parse "
+                              "'file:' parameters: model configuration must be provided when "
+                              "model files are provided")
         done = await self._call(m.LoadModelRequest(next(self._ids), model, cfg or "", files))
         if done.error is not None:
             raise _error(done.error)
@@ -293,9 +292,7 @@ class DataPlane:
         try:
             v = int(version) if version else -1
         except ValueError:
-            raise TriremeError(Code.INVALID_ARG, f"failed to get model version from specified "
-                               f"version string '{version}' (details: stoll), version should "
-                               f"be an integral value > 0") from None
+            raise invalid_arg(bad_version_string_text(version, "stoll")) from None
         reply: m.Stats = await self._call(m.GetStats(next(self._ids), model, max(v, -1)))
         if reply.error is not None:
             raise _error(reply.error)
@@ -368,8 +365,7 @@ class DataPlane:
             for t in req.inputs:
                 if t.data is None:
                     region = t.parameters.get("shared_memory_region", "")
-                    raise TriremeError(Code.INVALID_ARG,
-                                       f"Unable to find system shared memory region: '{region}'")
+                    raise invalid_arg(f"Unable to find system shared memory region: '{region}'")
                 nbytes = len(t.data) if not isinstance(t.data, memoryview) else t.data.nbytes
                 ref = m.TensorRef(t.name, t.datatype, list(t.shape), nbytes)
                 if nbytes >= self.settings.inline_threshold and self._shm_ok:

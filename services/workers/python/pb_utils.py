@@ -13,11 +13,13 @@ from __future__ import annotations
 import json
 import logging
 import re
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any, ClassVar
 
 import numpy as np
 
 from services.common import datatypes as dt
+from services.common.errors import expects_datatype_text
 
 # --------------------------------------------------------------------------- constants
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
@@ -102,7 +104,7 @@ class Tensor:
         return arr.__dlpack__()
 
     @staticmethod
-    def from_dlpack(name: str, capsule: Any) -> "Tensor":
+    def from_dlpack(name: str, capsule: Any) -> Tensor:
         return Tensor(name, np.from_dlpack(capsule))
 
     def __repr__(self) -> str:
@@ -155,7 +157,7 @@ class InferenceRequest:
     def requested_output_names(self) -> list[str]:
         return self._outputs
 
-    def get_response_sender(self) -> "InferenceResponseSender":
+    def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:
             raise TritonModelException("get_response_sender is only available for requests "
                                        "the model receives in execute()")
@@ -262,7 +264,7 @@ def triton_to_numpy_type(data_type: int) -> Any:
 def numpy_to_triton_type(data_type: Any) -> int | None:
     try:
         api = dt.datatype_of(np.dtype(data_type))
-    except Exception:
+    except Exception:  # noqa: BLE001 - not a type numpy or Triton knows: None, as Triton's
         return None
     return _TYPE_NUMBERS["TYPE_STRING" if api == "BYTES" else f"TYPE_{api}"]
 
@@ -355,9 +357,8 @@ class ModelConfig:
             if cur["name"] != name:
                 continue
             if cur.get("data_type", "TYPE_INVALID") not in ("TYPE_INVALID", io["data_type"]):
-                raise ValueError(f"unable to load model '{model}', configuration expects datatype "
-                                 f"{cur['data_type']} for {kind} '{name}', model provides "
-                                 f"{io['data_type']}")
+                raise ValueError(expects_datatype_text(model, kind, name, cur["data_type"],
+                                                       io["data_type"]))
             if cur.get("dims") and [int(d) for d in cur["dims"]] != [int(d) for d in io["dims"]]:
                 raise ValueError(f"model '{model}', tensor '{name}': the model expects dims "
                                  f"{list(io['dims'])} but the model configuration specifies dims "
@@ -402,7 +403,7 @@ class Logger:
 
 
 # ------------------------------------------------------------------------ custom metrics
-_families: dict[str, "MetricFamily"] = {}
+_families: dict[str, MetricFamily] = {}
 _metrics_changed = False     # the worker sends a snapshot with its next BatchDone when set
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 
@@ -410,7 +411,7 @@ _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 class MetricFamily:
     """A custom metric family, exported on the server's /metrics beside Triton's."""
     COUNTER, GAUGE, HISTOGRAM = 0, 1, 2
-    _KINDS = {0: "counter", 1: "gauge", 2: "histogram"}
+    _KINDS: ClassVar[dict[int, str]] = {0: "counter", 1: "gauge", 2: "histogram"}
 
     def __init__(self, name: str, description: str, kind: int) -> None:
         if not _METRIC_NAME.fullmatch(name or ""):
@@ -425,8 +426,8 @@ class MetricFamily:
         self._metrics: dict[tuple, Metric] = known._metrics if known else {}
         _families[name] = self
 
-    def Metric(self, labels: dict[str, str] | None = None,   # noqa: N802 - Triton's name
-               buckets: list[float] | None = None) -> "Metric":
+    def Metric(self, labels: dict[str, str] | None = None,
+               buckets: list[float] | None = None) -> Metric:
         if (self._kind == self.HISTOGRAM) != (buckets is not None):
             raise TritonModelException("buckets are required for, and only for, histogram metrics")
         key = tuple(sorted((labels or {}).items()))

@@ -10,7 +10,6 @@ binding rules, and its signature auto-completes the config, which TorchScript ca
 from __future__ import annotations
 
 import logging
-import warnings
 import zipfile
 from typing import Any
 
@@ -20,15 +19,30 @@ import torch
 from protos import model_config_pb2 as mc
 from services.common.config import TORCH_AOTI, complete_io
 from services.common.datatypes import numpy_dtype
-from services.common.errors import Code, TriremeError
+from services.common.errors import (
+    Code,
+    TriremeError,
+    expects_inputs_text,
+    invalid_arg,
+    unsupported_io_datatype_text,
+)
 from services.common.repository import model_file
+from services.workers.backends.base import BackendBase
+from services.workers.backends.common import (
+    bool_param,
+    gpu_unavailable,
+    ignore_read_only_warning,
+    int_param,
+    model_dims,
+    model_inputs,
+    param,
+)
 
 log = logging.getLogger(__name__)
 
-# Inputs are read-only views on shared memory, wrapped without a copy. torch warns (once)
-# that writing to them is undefined; it cannot happen: models that write get a copy (_tensor).
-warnings.filterwarnings("ignore", message="The given NumPy array is not writable",
-                        category=UserWarning)
+# Inputs are read-only views on shared memory, wrapped without a copy; models that write
+# to their inputs get a copy (_tensor).
+ignore_read_only_warning()
 
 _TORCH_TYPES = {  # config datatype -> torch dtype (Triton's table, plus BF16)
     "TYPE_BOOL": torch.bool, "TYPE_UINT8": torch.uint8, "TYPE_INT8": torch.int8,
@@ -51,35 +65,6 @@ _JIT_SWITCHES = {
 }
 
 
-def _err(msg: str) -> TriremeError:
-    return TriremeError(Code.INVALID_ARG, msg)
-
-
-def _param(cfg, key: str) -> str | None:
-    p = cfg.parameters.get(key)
-    return p.string_value if p is not None else None
-
-
-def _bool_param(cfg, key: str, default: bool) -> bool:
-    value = _param(cfg, key)
-    if value is None:
-        return default
-    lower = value.lower()
-    if lower not in ("true", "on", "1", "false", "off", "0"):
-        raise _err(f"failed to convert '{value}' to boolean")
-    return lower in ("true", "on", "1")
-
-
-def _int_param(cfg, key: str) -> int:
-    value = _param(cfg, key)
-    if value is None:
-        return -1
-    try:
-        return int(value)
-    except ValueError:
-        raise _err(f"failed to convert '{value}' to integral number") from None
-
-
 def _index(name: str) -> int | None:
     """The index of a `<name>__<index>` name (Triton: text after the first "__", all digits)."""
     at = name.find("__")
@@ -91,31 +76,31 @@ def _index(name: str) -> int | None:
     return int(digits or 0)
 
 
-def _dims(io) -> list[int]:
-    return list(io.reshape.shape) if io.HasField("reshape") else list(io.dims)
+def _none_specified(kind: str) -> TriremeError:
+    return invalid_arg(f"model configuration must contain at least one {kind}, none were "
+                       "specified.")
 
 
 def _check_types(cfg, kind: str, ios) -> None:
     for io in ios:
         dtype = mc.DataType.Name(io.data_type)
         if dtype not in _TORCH_TYPES and dtype != "TYPE_STRING":
-            raise _err(f"unsupported datatype {dtype} for {kind} '{io.name}' for model '{cfg.name}'")
-        if dtype == "TYPE_STRING" and len(_dims(io)) + (cfg.max_batch_size > 0) > 1:
-            raise _err(f"Triton only supports 1 dimensional List of String as {kind} for "
-                       f"'{io.name}' for model '{cfg.name}'")
+            raise invalid_arg(unsupported_io_datatype_text(dtype, kind, io.name, cfg.name))
+        if dtype == "TYPE_STRING" and len(model_dims(io)) + (cfg.max_batch_size > 0) > 1:
+            raise invalid_arg(f"Triton only supports 1 dimensional List of String as {kind} for "
+                              f"'{io.name}' for model '{cfg.name}'")
 
 
 def _bind_inputs(cfg, args: list[str], warn: bool = True) -> list[str]:
     """Config input names in forward() argument order (ValidateInputs + GetNamingConvention)."""
     n = cfg.name
     # Batch inputs come after the config's inputs (Triton: index i + number of inputs).
-    names = [io.name for io in cfg.input] + [t for b in cfg.batch_input for t in b.target_name]
+    names = [io.name for io in model_inputs(cfg)]
     controls = [c.name for c in cfg.sequence_batching.control_input]
     if len(args) != len(names) + len(controls):
-        raise _err(f"unable to load model '{n}', configuration expects "
-                   f"{len(names) + len(controls)} inputs, model provides {len(args)}")
+        raise invalid_arg(expects_inputs_text(n, len(names) + len(controls), len(args)))
     if not cfg.input:
-        raise _err("model configuration must contain at least one input, none were specified.")
+        raise _none_specified("input")
     if all(name in args for name in names):
         pos = {name: args.index(name) for name in names}
     elif all(_index(name) is not None for name in names):
@@ -129,16 +114,16 @@ def _bind_inputs(cfg, args: list[str], warn: bool = True) -> list[str]:
         pos = {name: i for i, name in enumerate(names)}
     for name in controls:  # sequence control tensors always bind by index
         if _index(name) is None:
-            raise _err(f"input '{name}' does not follow <name>__<index> naming convention.")
+            raise invalid_arg(f"input '{name}' does not follow <name>__<index> naming convention.")
         pos[name] = _index(name)
     slots: list[str | None] = [None] * len(args)
     for name, i in pos.items():  # Triton does not check these; a bad index would crash it
         if i >= len(slots):
-            raise _err(f"unable to load model '{n}', input '{name}' refers to argument {i} of "
-                       f"forward(), which takes {len(slots)} inputs")
+            raise invalid_arg(f"unable to load model '{n}', input '{name}' refers to argument "
+                              f"{i} of forward(), which takes {len(slots)} inputs")
         if slots[i] is not None:
-            raise _err(f"unable to load model '{n}', inputs '{slots[i]}' and '{name}' both "
-                       f"refer to argument {i} of forward()")
+            raise invalid_arg(f"unable to load model '{n}', inputs '{slots[i]}' and '{name}' both "
+                              f"refer to argument {i} of forward()")
         slots[i] = name
     return slots
 
@@ -147,7 +132,7 @@ def _bind_outputs(cfg, warn: bool = True) -> dict[str, int]:
     """Config output name -> index into the returned tuple (ValidateOutputs)."""
     names = [io.name for io in cfg.output]
     if not names:
-        raise _err("model configuration must contain at least one output, none were specified.")
+        raise _none_specified("output")
     if all(_index(name) is not None for name in names):
         return {name: _index(name) for name in names}
     if warn:
@@ -168,22 +153,22 @@ def _results(value: Any) -> list[Any]:
     if isinstance(value, tuple):
         for i, v in enumerate(value):
             if not (isinstance(v, torch.Tensor) or _is_str_list(v)):
-                raise ValueError(f"output at index {i} must be of type Tensor or List[str], "
-                                 f"received {type(v).__name__}")
+                raise TypeError(f"output at index {i} must be of type Tensor or List[str], "
+                                f"received {type(v).__name__}")
         return list(value)
     if isinstance(value, list):
-        raise ValueError("output must be of type Tensor or List[str], received "
-                         f"List[{type(value[0]).__name__}]")
-    raise ValueError("output must be of type Tensor, List[str] or Tuple containing one of these "
-                     "two types. It should not be a List / Dictionary of Tensors or a Scalar")
+        raise TypeError("output must be of type Tensor or List[str], received "
+                        f"List[{type(value[0]).__name__}]")
+    raise TypeError("output must be of type Tensor, List[str] or Tuple containing one of these "
+                    "two types. It should not be a List / Dictionary of Tensors or a Scalar")
 
 
 def _spec(name: str, t: Any) -> tuple[str, str, list[int]]:
     """(name, API datatype, shape with -1 for dynamic dims) of an exported tensor."""
     dtype = _CONFIG_TYPES.get(getattr(t, "dtype", None))
     if dtype is None:
-        raise _err(f"unsupported type {getattr(t, 'dtype', type(t).__name__)} for '{name}' "
-                   "in the exported program")
+        raise invalid_arg(f"unsupported type {getattr(t, 'dtype', type(t).__name__)} for '{name}' "
+                          "in the exported program")
     return name, _API_TYPES[dtype], [d if isinstance(d, int) else -1 for d in t.shape]
 
 
@@ -195,7 +180,9 @@ def _load_exported(path: str, device: torch.device):
                              "yet; save the program with torch.export.save instead")
     ep = torch.export.load(path)
     if device.type != "cpu":
-        from torch.export.passes import move_to_device_pass   # not loaded by `import torch`
+        from torch.export.passes import (
+            move_to_device_pass,  # not loaded by `import torch`
+        )
         ep = move_to_device_pass(ep, device)
     sig = ep.graph_signature
     nodes = {n.name: n for n in ep.graph.nodes}
@@ -231,14 +218,13 @@ def _load_script(path: str, device: torch.device | None):
     return module, args, writes
 
 
-class PyTorchBackend:
+class PyTorchBackend(BackendBase):
     def __init__(self, cfg, load) -> None:
         if load.kind == "KIND_GPU":
             if not torch.cuda.is_available():
-                raise TriremeError(Code.UNAVAILABLE, (
-                    f"model '{cfg.name}' asks for KIND_GPU but PyTorch cannot use CUDA "
-                    f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'}); "
-                    "install a CUDA build of torch on a machine with a GPU or set KIND_CPU"))
+                raise gpu_unavailable(cfg.name, f"PyTorch cannot use CUDA (torch "
+                                      f"{torch.__version__}, CUDA build: "
+                                      f"{torch.version.cuda or 'none'})", "a CUDA build of torch")
             self.device = torch.device("cuda:0")   # CUDA_VISIBLE_DEVICES holds our one GPU
         else:
             self.device = torch.device("cpu")
@@ -256,7 +242,7 @@ class PyTorchBackend:
                     self.module, arg_types, self._writes = _load_script(str(path), where)
                     ins = outs = None
         except Exception as e:
-            raise _err(f"failed to load model '{cfg.name}': {e}") from e
+            raise invalid_arg(f"failed to load model '{cfg.name}': {e}") from e
         # Triton's pytorch backend skips auto-complete (TorchScript keeps no IO metadata);
         # an exported program has it.
         self.config = complete_io(cfg, *_named_like(cfg, args, ins, outs)) \
@@ -264,14 +250,14 @@ class PyTorchBackend:
         self._bind(self.config, arg_types)
 
     def _parse_parameters(self, cfg) -> None:
-        self.inference_mode = _bool_param(cfg, "INFERENCE_MODE", True)
-        self.cache_cleaning = _bool_param(cfg, "ENABLE_CACHE_CLEANING", False)
-        _bool_param(cfg, "ENABLE_WEIGHT_SHARING", False)  # validated; one process per instance
+        self.inference_mode = bool_param(cfg, "INFERENCE_MODE", True)
+        self.cache_cleaning = bool_param(cfg, "ENABLE_CACHE_CLEANING", False)
+        bool_param(cfg, "ENABLE_WEIGHT_SHARING", False)  # validated; one process per instance
         for key, switch in _JIT_SWITCHES.items():
-            if _param(cfg, key) is not None:
-                switch(_bool_param(cfg, key, False))
-        intra = _int_param(cfg, "INTRA_OP_THREAD_COUNT")
-        inter = _int_param(cfg, "INTER_OP_THREAD_COUNT")
+            if param(cfg, key) is not None:
+                switch(bool_param(cfg, key, False))
+        intra = int_param(cfg, "INTRA_OP_THREAD_COUNT", -1)
+        inter = int_param(cfg, "INTER_OP_THREAD_COUNT", -1)
         if intra > 0:
             torch.set_num_threads(intra)
         if inter > 0:
@@ -289,16 +275,16 @@ class PyTorchBackend:
         self._dict_input = kinds == ["DictType"]
         if not self._dict_input:
             if "DictType" in kinds[1:]:
-                raise _err("Multiple inputs of kind DictType were detected. Only a single input "
-                           "of type Dict(str, Tensor) is supported.")
+                raise invalid_arg("Multiple inputs of kind DictType were detected. Only a single "
+                                  "input of type Dict(str, Tensor) is supported.")
             for t, kind in zip(arg_types.values(), kinds):
                 if kind not in ("TensorType", "ListType"):
-                    raise _err(f"An input of type '{t}' was detected in the model. Only a single "
-                               "input of type Dict(str, Tensor) or input(s) of type Tensor are "
-                               "supported.")
+                    raise invalid_arg(f"An input of type '{t}' was detected in the model. Only a "
+                                      "single input of type Dict(str, Tensor) or input(s) of type "
+                                      "Tensor are supported.")
             self._slots = _bind_inputs(cfg, list(arg_types))
         elif not cfg.input:
-            raise _err("model configuration must contain at least one input, none were specified.")
+            raise _none_specified("input")
         _check_types(cfg, "input", cfg.input)
         self._outputs = _bind_outputs(cfg)
         _check_types(cfg, "output", cfg.output)
@@ -330,16 +316,16 @@ class PyTorchBackend:
                 torch.cuda.empty_cache()
         for name, i in self._outputs.items():
             if i >= len(results):
-                raise _err(f"The output {name} in the model configuration refers to an output "
-                           f"index which doesn't exist. This model has {len(results)} outputs")
+                raise invalid_arg(f"The output {name} in the model configuration refers to an "
+                                  "output index which doesn't exist. This model has "
+                                  f"{len(results)} outputs")
             value = results[i]
             got = _CONFIG_TYPES.get(value.dtype, "TYPE_INVALID") \
                 if isinstance(value, torch.Tensor) else "TYPE_STRING"
             if got != self._out_types[name]:
-                raise _err(f"configuration expects datatype {self._out_types[name]} for output "
-                           f"'{name}', model provides {got}")
-        return {name: self._array(name, results[self._outputs[name]])
-                for name in (outputs or self._outputs)}
+                raise invalid_arg(f"configuration expects datatype {self._out_types[name]} for "
+                                  f"output '{name}', model provides {got}")
+        return {name: self._array(name, results[self._outputs[name]]) for name in outputs}
 
     @staticmethod
     def _array(name: str, value: Any) -> np.ndarray:
@@ -348,7 +334,7 @@ class PyTorchBackend:
             arr[:] = [s.encode("utf-8") for s in value]
             return arr
         if value.dim() == 0:
-            raise _err(f"output '{name}' is a scalar which is not supported.")
+            raise invalid_arg(f"output '{name}' is a scalar which is not supported.")
         t = value.detach() if value.requires_grad else value   # a parameter returned as is
         t = t.cpu() if t.device.type != "cpu" else t
         return t.view(torch.int16).numpy().view(_BF16) if t.dtype == torch.bfloat16 else t.numpy()

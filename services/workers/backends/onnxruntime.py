@@ -8,8 +8,10 @@ import numpy as np
 import onnxruntime as ort
 
 from services.common.config import complete_io
-from services.common.errors import Code, TriremeError
+from services.common.errors import Code, TriremeError, invalid_arg
 from services.common.repository import model_file
+from services.workers.backends.base import BackendBase
+from services.workers.backends.common import gpu_unavailable, int_value, param
 
 log = logging.getLogger(__name__)
 
@@ -27,24 +29,20 @@ def _io(args: list[Any]) -> list[tuple[str, str, list[int]]]:
     for a in args:
         datatype = _ORT_TYPES.get(a.type)
         if datatype is None:
-            raise TriremeError(Code.INVALID_ARG, f"unsupported ONNX type {a.type} for '{a.name}'")
+            raise invalid_arg(f"unsupported ONNX type {a.type} for '{a.name}'")
         shape = [d if isinstance(d, int) and d >= 0 else -1 for d in (a.shape or [])]
         out.append((a.name, datatype, shape))
     return out
 
 
 def _int_param(cfg, key: str) -> int | None:
-    p = cfg.parameters.get(key)
-    if p is None or not p.string_value:
+    value = param(cfg, key)
+    if not value:   # unset or empty
         return None
-    try:
-        return int(p.string_value)
-    except ValueError:
-        raise TriremeError(Code.INVALID_ARG, f"parameter '{key}' must be an integer, got "
-                                             f"'{p.string_value}'") from None
+    return int_value(value, f"parameter '{key}' must be an integer, got '{value}'")
 
 
-class OnnxRuntimeBackend:
+class OnnxRuntimeBackend(BackendBase):
     def __init__(self, cfg, load) -> None:
         # The repository's rule: default_model_filename, and a model.onnx directory
         # (Triton's large-model layout) means <dir>/model.onnx.
@@ -60,7 +58,7 @@ class OnnxRuntimeBackend:
         # Idle intra-op threads spin for a while after each run by default. Beside frontends
         # and other workers on the same cores that spinning takes CPU they need, so it is
         # off unless the config asks for it (parameter "allow_spinning": "1").
-        spin = cfg.parameters["allow_spinning"].string_value if "allow_spinning" in cfg.parameters else "0"
+        spin = param(cfg, "allow_spinning", "0")
         opts.add_session_config_entry("session.intra_op.allow_spinning", spin)
         opts.add_session_config_entry("session.inter_op.allow_spinning", spin)
         providers = ["CPUExecutionProvider"]
@@ -69,14 +67,12 @@ class OnnxRuntimeBackend:
         self.session = ort.InferenceSession(str(path), opts, providers=providers)
         if load.kind == "KIND_GPU" and self.session.get_providers()[0] != "CUDAExecutionProvider":
             # ORT silently falls back to the CPU; a KIND_GPU instance on the CPU is a lie.
-            raise TriremeError(Code.UNAVAILABLE, (
-                f"model '{cfg.name}' asks for KIND_GPU but ONNX Runtime could not use CUDA "
-                f"(available providers: {ort.get_available_providers()}); install "
-                f"\"trireme[onnx-gpu]\" on a machine with a GPU or set KIND_CPU"))
+            raise gpu_unavailable(cfg.name, "ONNX Runtime could not use CUDA (available "
+                                  f"providers: {ort.get_available_providers()})",
+                                  '"trireme[onnx-gpu]"')
         inputs = _io(self.session.get_inputs())
         outputs = _io(self.session.get_outputs())
         self.config = complete_io(cfg, inputs, outputs) if load.autocomplete else cfg
-        self.output_names = [o[0] for o in outputs]
         self._string_inputs = {n for n, dt, _ in inputs if dt == "BYTES"}
 
     def execute(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
@@ -84,14 +80,13 @@ class OnnxRuntimeBackend:
             # ORT string tensors want str objects; the wire gives bytes.
             inputs[name] = np.vectorize(lambda b: b.decode("utf-8", "replace"), otypes=[object])(
                 inputs[name]) if inputs[name].size else inputs[name]
-        names = outputs or self.output_names
         try:
-            results = self.session.run(names, inputs)
+            results = self.session.run(outputs, inputs)
         except (ort.capi.onnxruntime_pybind11_state.Fail,
                 ort.capi.onnxruntime_pybind11_state.InvalidArgument,
                 ort.capi.onnxruntime_pybind11_state.RuntimeException) as e:
             raise TriremeError(Code.INTERNAL, f"onnx runtime error: {e}") from e
-        return dict(zip(names, results))
+        return dict(zip(outputs, results))
 
     def close(self) -> None:
         self.session = None

@@ -12,14 +12,29 @@ from __future__ import annotations
 
 import numpy as np
 import openvino as ov
-import openvino.opset15 as ops15   # StringTensorPack / StringTensorUnpack
+import openvino.opset15 as ops15  # StringTensorPack / StringTensorUnpack
 from openvino.preprocess import PrePostProcessor
 
 from protos import model_config_pb2 as mc
 from services.common.config import complete_io
 from services.common.datatypes import api_to_config, config_to_api, numpy_dtype
-from services.common.errors import Code, TriremeError
+from services.common.errors import (
+    Code,
+    TriremeError,
+    expects_datatype_text,
+    expects_inputs_text,
+    invalid_arg,
+    unexpected_io_text,
+    unsupported_io_datatype_text,
+)
 from services.common.repository import model_file
+from services.workers.backends.base import BackendBase
+from services.workers.backends.common import (
+    all_params,
+    device_unsupported,
+    model_dims,
+    model_inputs,
+)
 
 # OpenVINO element type name -> API datatype. Triton's set, plus FP64, BF16 and strings, which
 # the CPU plugin runs too.
@@ -35,10 +50,6 @@ _OV_TYPES = {api: getattr(ov.Type, name) for name, api in _TYPES.items()}
 _PARTS = (":begins", ":ends", ":symbols")
 
 
-def _err(msg: str) -> TriremeError:
-    return TriremeError(Code.INVALID_ARG, msg)
-
-
 def _ov_message(e: Exception) -> str:
     """OpenVINO's text without its "Exception from src/...:N:" source-location lines."""
     lines = [ln.strip() for ln in str(e).splitlines()]
@@ -51,10 +62,6 @@ def _ov_error(code: Code, what: str, e: Exception) -> TriremeError:
 
 
 # ------------------------------------------------------------------------- parameters
-def _params(cfg) -> dict[str, str]:
-    return {k: v.string_value for k, v in cfg.parameters.items()}
-
-
 def _flag(params: dict[str, str], key: str) -> bool:
     """Triton's ParseBoolParameter: "yes" in any case is true, anything else false."""
     return params.get(key, "").lower() == "yes"
@@ -62,7 +69,8 @@ def _flag(params: dict[str, str], key: str) -> bool:
 
 def _number(key: str, value: str) -> int:
     if not (value.isascii() and value.isdigit()):
-        raise _err(f"expected the parameter '{key}' to be a non-negative number, got {value}")
+        raise invalid_arg(f"expected the parameter '{key}' to be a non-negative number, got "
+                          f"{value}")
     return int(value)
 
 
@@ -75,7 +83,7 @@ def _properties(params: dict[str, str]) -> dict[str, object]:
             props[key] = _number(key, value)
     if value := params.get("HINT_BF16", "").lower():
         if value != "yes":
-            raise _err(f"expected the parameter 'HINT_BF16' to be YES, got {value}")
+            raise invalid_arg(f"expected the parameter 'HINT_BF16' to be YES, got {value}")
         props["INFERENCE_PRECISION_HINT"] = ov.Type.bf16
     if value := params.get("NUM_STREAMS", "").lower():
         if value in ("auto", "numa"):
@@ -83,12 +91,12 @@ def _properties(params: dict[str, str]) -> dict[str, object]:
         elif value.isascii() and value.isdigit():
             props["NUM_STREAMS"] = int(value)
         else:
-            raise _err("expected the parameter 'NUM_STREAMS' to be either AUTO/NUMA/<int_value>, "
-                       f"got {value}")
+            raise invalid_arg("expected the parameter 'NUM_STREAMS' to be either "
+                              f"AUTO/NUMA/<int_value>, got {value}")
     if value := params.get("PERFORMANCE_HINT", "").lower():
         if value not in ("latency", "throughput", "cumulative_throughput"):
-            raise _err("expected the parameter 'PERFORMANCE_HINT' to be "
-                       f"LATENCY/THROUGHPUT/CUMULATIVE_THROUGHPUT, got {value}")
+            raise invalid_arg("expected the parameter 'PERFORMANCE_HINT' to be "
+                              f"LATENCY/THROUGHPUT/CUMULATIVE_THROUGHPUT, got {value}")
         props["PERFORMANCE_HINT"] = value.upper()
     return props
 
@@ -98,8 +106,7 @@ def _reshape(model: ov.Model, cfg, static_batch: bool, reshape_io: bool) -> None
     """Give each input the batch dimension the server needs and, with RESHAPE_IO_LAYERS,
     the config's dims (-1: dynamic) after it."""
     mbs = cfg.max_batch_size
-    dims = {io.name: list(io.reshape.shape if io.HasField("reshape") else io.dims)
-            for io in cfg.input} if reshape_io else {}
+    dims = {io.name: model_dims(io) for io in cfg.input} if reshape_io else {}
     flat = _flat_inputs(cfg)
     new = {}
     for port in model.inputs:
@@ -111,8 +118,8 @@ def _reshape(model: ov.Model, cfg, static_batch: bool, reshape_io: bool) -> None
         if name:
             off = 1 if mbs > 0 else 0
             if len(want) != off + len(dims[name]):
-                raise _err(f"model '{cfg.name}', tensor '{name}': cannot reshape the model's "
-                           f"shape {shape} to the configuration's dims {dims[name]}")
+                raise invalid_arg(f"model '{cfg.name}', tensor '{name}': cannot reshape the "
+                                  f"model's shape {shape} to the configuration's dims {dims[name]}")
             want[off:] = [ov.Dimension(d) if d > 0 else ov.Dimension() for d in dims[name]]
         if mbs > 0 and want:
             # Dynamic: any batch up to max_batch_size runs as it is. Static (Triton's only
@@ -134,12 +141,6 @@ def _flat_inputs(cfg) -> set[str]:
             | {t for b in cfg.batch_input for t in b.target_name})
 
 
-def _config_inputs(cfg) -> list[tuple[str, int]]:
-    """(name, config datatype) of every model input: the config's, then batch inputs'."""
-    return ([(io.name, io.data_type) for io in cfg.input]
-            + [(t, b.data_type) for b in cfg.batch_input for t in b.target_name])
-
-
 def _specs(ports, batch: int) -> list[tuple[str, str, list[int]]]:
     """(name, API datatype, shape with -1 for dynamic dims) for complete_io. A first
     dimension fixed at `batch` (a static batch of max_batch_size) is the server's batch
@@ -149,7 +150,8 @@ def _specs(ports, batch: int) -> list[tuple[str, str, list[int]]]:
         name = port.get_any_name()
         datatype = _TYPES.get(port.get_element_type().get_type_name())
         if datatype is None:
-            raise _err(f"unsupported OpenVINO element type {port.get_element_type()} for '{name}'")
+            raise invalid_arg(f"unsupported OpenVINO element type {port.get_element_type()} for "
+                              f"'{name}'")
         shape = [-1 if d.is_dynamic else d.get_length() for d in port.get_partial_shape()]
         if batch and shape and shape[0] == batch:
             shape[0] = -1
@@ -213,10 +215,10 @@ def _match_config(model: ov.Model, cfg) -> ov.Model:
     """Triton's ValidateInputs/ValidateOutputs: the config names every input, each configured
     tensor exists, and its configured data type becomes the tensor type (OpenVINO inserts the
     conversion)."""
-    inputs = _config_inputs(cfg)   # (batch inputs too: Triton's OpenVINO backend has none)
+    # (batch inputs too: Triton's OpenVINO backend has none)
+    inputs = [(io.name, io.data_type) for io in model_inputs(cfg)]
     if len(inputs) != len(model.inputs):
-        raise _err(f"unable to load model '{cfg.name}', configuration expects {len(inputs)} "
-                   f"inputs, model provides {len(model.inputs)}")
+        raise invalid_arg(expects_inputs_text(cfg.name, len(inputs), len(model.inputs)))
     ppp = PrePostProcessor(model)
     changed = False
     outputs = [(io.name, io.data_type) for io in cfg.output]
@@ -226,18 +228,16 @@ def _match_config(model: ov.Model, cfg) -> ov.Model:
         for name, data_type in ios:
             port = names.get(name)
             if port is None:
-                raise _err(f"unexpected inference {kind} '{name}', allowed {kind}s are: "
-                           + ", ".join(sorted(p.get_any_name() for p in ports)))
+                raise invalid_arg(unexpected_io_text(kind, name, [p.get_any_name() for p in ports]))
             config_type = mc.DataType.Name(data_type)
             want = _OV_TYPES.get(config_to_api(config_type))
             if want is None:
-                raise _err(f"unsupported datatype {config_type} for {kind} '{name}' for model "
-                           f"'{cfg.name}'")
+                raise invalid_arg(unsupported_io_datatype_text(config_type, kind, name, cfg.name))
             if port.get_element_type() != want:
                 if ov.Type.string in (want, port.get_element_type()):   # no conversion exists
-                    raise _err(f"unable to load model '{cfg.name}', configuration expects "
-                               f"datatype {config_type} for {kind} '{name}', model provides "
-                               f"{api_to_config(_TYPES[port.get_element_type().get_type_name()])}")
+                    have = api_to_config(_TYPES[port.get_element_type().get_type_name()])
+                    raise invalid_arg(expects_datatype_text(cfg.name, kind, name, config_type,
+                                                            have))
                 side(name).tensor().set_element_type(want)
                 changed = True
     if not changed:
@@ -249,12 +249,11 @@ def _match_config(model: ov.Model, cfg) -> ov.Model:
 
 
 # --------------------------------------------------------------------------- backend
-class OpenVINOBackend:
+class OpenVINOBackend(BackendBase):
     def __init__(self, cfg, load) -> None:
         if load.kind != "KIND_CPU":   # Triton's ModelInstanceState check and text
-            raise _err(f"unable to load model '{cfg.name}', Triton openVINO backend supports "
-                       "only CPU device")
-        params = _params(cfg)
+            raise device_unsupported(cfg.name, "Triton openVINO", "CPU")
+        params = all_params(cfg)
         static = _flag(params, "SKIP_OV_DYNAMIC_BATCHSIZE")
         reshape_io = _flag(params, "RESHAPE_IO_LAYERS")
         self._pad = _flag(params, "ENABLE_BATCH_PADDING")
@@ -286,9 +285,9 @@ class OpenVINOBackend:
         self.request = compiled.create_infer_request()
         # By the config's names (a port may have several): they are what requests use.
         # A string tensor's entry is its three parts.
-        self._inputs = {name: tuple(compiled.input(name + s) for s in _PARTS)
-                        if name in string_in else compiled.input(name)
-                        for name, _ in _config_inputs(self.config)}
+        self._inputs = {io.name: tuple(compiled.input(io.name + s) for s in _PARTS)
+                        if io.name in string_in else compiled.input(io.name)
+                        for io in model_inputs(self.config)}
         self._outputs = {io.name: tuple(compiled.output(io.name + s) for s in _PARTS)
                          if io.name in string_out else compiled.output(io.name)
                          for io in self.config.output}
@@ -341,7 +340,7 @@ class OpenVINOBackend:
         except RuntimeError as e:
             raise _ov_error(Code.INTERNAL, "running inference", e) from e
         results = {}
-        for name in outputs or self._outputs:
+        for name in outputs:
             port = self._outputs[name]
             if isinstance(port, tuple):   # a string tensor: bytes objects, copied out
                 out = _unpack(*(self.request.get_tensor(p).data for p in port))

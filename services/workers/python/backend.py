@@ -27,22 +27,30 @@ import tarfile
 import tempfile
 import threading
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from services.common.config import config_from_json, config_to_json, normalize
-from services.common.errors import Code, TriremeError
+from services.common.errors import (
+    CANCELLED_TEXT,
+    Code,
+    TriremeError,
+    invalid_arg,
+    load_failed_text,
+)
 from services.common.repository import model_file
 from services.common.shm import DEFAULT_INLINE_THRESHOLD
-from services.workers import pb_utils
-from services.workers.cancel import Cancels
+from services.workers.backends.base import BackendBase
+from services.workers.backends.common import all_params
+from services.workers.python import pb_utils
+from services.workers.python.cancel import Cancels
 
 log = logging.getLogger("trireme.python")
 
 ENV_PARAM = "EXECUTION_ENV_PATH"
-CANCELLED_TEXT = "Request cancelled"     # a cancelled request the model returned None for
 _OWN_DIR = str(Path(__file__).parent)
 _MODEL_DIR_VAR = "$$TRITON_MODEL_DIRECTORY"
 
@@ -103,14 +111,14 @@ def _import_model(path: Path, name: str) -> Any:
     return cls
 
 
-class PythonBackend:
+class PythonBackend(BackendBase):
     per_request = True
 
     def __init__(self, cfg, load) -> None:
         self.name = load.model
         self.instance = load.instance_name
         pb_utils._model_name = load.model
-        params = {k: v.string_value for k, v in cfg.parameters.items()}
+        params = all_params(cfg)
         if params.get(ENV_PARAM):
             _activate_env(params[ENV_PARAM], Path(load.model_dir))
         path = model_file(cfg, load.model_dir, load.version)
@@ -118,9 +126,9 @@ class PythonBackend:
             cls = _import_model(path, f"{load.model}_{load.version}")
         except TriremeError:
             raise
-        except BaseException as e:
-            raise TriremeError(Code.INVALID_ARG, f"failed to load '{load.model}' version "
-                               f"{load.version}: {_format_exception(e)}") from None
+        except BaseException as e:  # noqa: BLE001 - whatever model.py raises fails the load
+            raise invalid_arg(load_failed_text(load.model, load.version,
+                                               _format_exception(e))) from None
         if load.autocomplete and hasattr(cls, "auto_complete_config"):
             cfg = self._auto_complete(cls, cfg)
         self.config = cfg
@@ -145,14 +153,14 @@ class PythonBackend:
         }
         if hasattr(self.model, "initialize"):
             self._call_model("initialize", self.model.initialize, args)
-        if hasattr(self.model, "is_ready"):   # the worker answers readiness checks with it
-            self.is_ready = lambda: self._call_model("is_ready", self.model.is_ready)
+        # The worker answers readiness probes with the model's is_ready, when it has one.
+        self.probes_ready = hasattr(self.model, "is_ready")
 
     def _bls_client(self) -> Any:
         """Started on the first BLS call: most Python models never make one."""
         with self._bls_lock:
             if self._bls is None:
-                from services.workers.bls import BlsClient
+                from services.workers.python.bls import BlsClient
                 self._bls = BlsClient(self._frontend_addr, DEFAULT_INLINE_THRESHOLD, True)
             return self._bls
 
@@ -161,7 +169,7 @@ class PythonBackend:
         try:
             result = cls.auto_complete_config(wrapped)
             out = config_from_json((result or wrapped).as_dict())
-        except BaseException as e:
+        except BaseException as e:  # noqa: BLE001 - the model's code: any error fails the load
             raise TriremeError(Code.INVALID_ARG, f"auto-complete of '{cfg.name}' failed: "
                                                  f"{e}") from None
         normalize(out)
@@ -173,7 +181,7 @@ class PythonBackend:
             if inspect.isawaitable(result):
                 result = self._run_async(result).result()
             return result
-        except BaseException as e:
+        except BaseException as e:  # noqa: BLE001 - the model's code: any error is reported
             raise TriremeError(Code.INVALID_ARG if what == "initialize" else Code.INTERNAL,
                                f"{what} of model '{self.name}' failed: {_format_exception(e)}") from None
 
@@ -184,6 +192,9 @@ class PythonBackend:
             threading.Thread(target=self._loop.run_forever, name="trireme-model-loop",
                              daemon=True).start()
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def is_ready(self) -> bool:
+        return self._call_model("is_ready", self.model.is_ready) if self.probes_ready else True
 
     def take_metrics(self) -> list | None:
         """The model's custom metrics (pb_utils.MetricFamily), when they changed."""
@@ -224,7 +235,7 @@ class PythonBackend:
                     future.add_done_callback(lambda f: self._async_done(f, requests, reply))
                     return [None] * len(requests)
                 result = future.result()
-        except BaseException as e:
+        except BaseException as e:  # noqa: BLE001 - the model's code: any error is the requests'
             err = TriremeError(Code.INTERNAL, f"Failed to process the request(s) for model "
                                f"instance '{self.instance}', message: {_format_exception(e)}")
             return [err if not r.get_response_sender()._closed else None for r in requests]

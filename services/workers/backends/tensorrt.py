@@ -17,22 +17,24 @@ design uses for CUDA IPC.
 from __future__ import annotations
 
 import logging
-import warnings
 from collections.abc import Sequence
 
 import numpy as np
 
 from services.common.config import complete_io
 from services.common.datatypes import numpy_dtype
-from services.common.errors import Code, TriremeError
+from services.common.errors import Code, TriremeError, invalid_arg
 from services.common.repository import model_file
+from services.workers.backends.base import BackendBase
+from services.workers.backends.common import (
+    device_unsupported,
+    ignore_read_only_warning,
+)
 
 log = logging.getLogger(__name__)
 
-# Inputs may be read-only views on shared memory; torch warns (once) when wrapping one. They
-# are only ever copied to the GPU, never written.
-warnings.filterwarnings("ignore", message="The given NumPy array is not writable",
-                        category=UserWarning)
+# Inputs may be read-only views on shared memory: only ever copied to the GPU, never written.
+ignore_read_only_warning()
 
 # TensorRT DataType member name -> API datatype (Triton's ConvertTrtTypeToDataType). FP8, INT4
 # and the other packed types have no Triton datatype: such an engine cannot be served.
@@ -40,10 +42,6 @@ TRT_TYPES = {
     "FLOAT": "FP32", "HALF": "FP16", "BF16": "BF16", "INT8": "INT8", "UINT8": "UINT8",
     "INT32": "INT32", "INT64": "INT64", "BOOL": "BOOL",
 }
-
-
-def _err(msg: str) -> TriremeError:
-    return TriremeError(Code.INVALID_ARG, msg)
 
 
 def compute_capability(major: int, minor: int) -> str:
@@ -55,7 +53,7 @@ def api_datatype(trt_type: str, tensor: str) -> str:
     """API datatype of a tensor whose TensorRT type is named `trt_type` ("FLOAT", ...)."""
     datatype = TRT_TYPES.get(trt_type)
     if datatype is None:
-        raise _err(f"unsupported TensorRT datatype {trt_type} for tensor '{tensor}'")
+        raise invalid_arg(f"unsupported TensorRT datatype {trt_type} for tensor '{tensor}'")
     return datatype
 
 
@@ -68,8 +66,8 @@ def engine_max_batch(max_first_dims: Sequence[int]) -> int:
 def check_max_batch(name: str, configured: int, engine_max: int) -> None:
     """A configured max_batch_size above what the engine's profile takes (Triton's text)."""
     if configured > engine_max:
-        raise _err(f"autofill failed for model '{name}': configuration specified max-batch "
-                   f"{configured} but TensorRT engine only supports max-batch {engine_max}")
+        raise invalid_arg(f"autofill failed for model '{name}': configuration specified max-batch "
+                          f"{configured} but TensorRT engine only supports max-batch {engine_max}")
 
 
 def _logger_class(trt):
@@ -91,16 +89,15 @@ def _logger_class(trt):
     return _Logger
 
 
-class TensorRTBackend:
+class TensorRTBackend(BackendBase):
     def __init__(self, cfg, load) -> None:
-        import tensorrt as trt   # ImportError here -> UNAVAILABLE with the install hint
+        import tensorrt as trt  # ImportError here -> UNAVAILABLE with the install hint
         import torch
 
         self._torch = torch
         self.name = load.instance_name
         if load.kind != "KIND_GPU":   # Triton's ModelInstanceState check and text
-            raise _err(f"unable to load model '{cfg.name}', TensorRT backend supports only "
-                       "GPU device")
+            raise device_unsupported(cfg.name, "TensorRT", "GPU")
         if not torch.cuda.is_available():   # never run a KIND_GPU instance anywhere else
             raise TriremeError(Code.UNAVAILABLE, (
                 f"model '{cfg.name}' needs a CUDA GPU for TensorRT, but torch sees none "
@@ -116,13 +113,13 @@ class TensorRTBackend:
         self.runtime = trt.Runtime(self._logger)
         self.engine = self.runtime.deserialize_cuda_engine(path.read_bytes())
         if self.engine is None:   # Triton's LoadPlan text
-            raise _err(f"unable to create TensorRT engine: {self._logger.last_error}")
+            raise invalid_arg(f"unable to create TensorRT engine: {self._logger.last_error}")
 
         inputs, outputs, max_dims = [], [], []
         for i in range(self.engine.num_io_tensors):
             tname = self.engine.get_tensor_name(i)
             if self.engine.is_shape_inference_io(tname):
-                raise _err(f"model '{cfg.name}': shape tensor '{tname}' is not supported")
+                raise invalid_arg(f"model '{cfg.name}': shape tensor '{tname}' is not supported")
             shape = list(self.engine.get_tensor_shape(tname))
             spec = (tname, api_datatype(self.engine.get_tensor_dtype(tname).name, tname), shape)
             if self.engine.get_tensor_mode(tname) == trt.TensorIOMode.INPUT:
@@ -194,7 +191,7 @@ class TensorRTBackend:
                 self.context.set_tensor_address(name, buffers[name].data_ptr())
             if not self.context.execute_async_v3(self.stream.cuda_stream):   # Triton's text
                 raise TriremeError(Code.INTERNAL, f"unable to enqueue for inference {self.name}")
-            host = {n: buffers[n].to("cpu", non_blocking=True) for n in outputs or self._outputs}
+            host = {n: buffers[n].to("cpu", non_blocking=True) for n in outputs}
         self.stream.synchronize()
         return {n: self._to_host(t) for n, t in host.items()}
 

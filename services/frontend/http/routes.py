@@ -13,26 +13,30 @@ routes, texts and codes are the same on both.
 
 Our own dispatch: the exact paths are a dict lookup, model paths one precompiled regex,
 and unknown paths / wrong methods answer Triton's JSON bodies {"error": "Not Found"} (404)
-and {"error": "Method Not Allowed"} (405). `make_app` wraps the same dispatch in an aiohttp
-web.Application (one catch-all route) for callers that want one.
+and {"error": "Method Not Allowed"} (405). aiohttp_server carries the same dispatch over
+aiohttp (--http-impl aiohttp).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 from typing import Any
 
-from aiohttp import HttpVersion11, web
+from services.common.errors import (
+    REPOSITORY_NAME_UNSUPPORTED,
+    Code,
+    TriremeError,
+    invalid_arg,
+    unsupported,
+)
+from services.dataplane.api import DataPlaneAPI
+from services.frontend import stats_codec
+from services.frontend.http import codec
+from services.frontend.http.message import BodyError, BodyTooLarge, Reply
+from services.frontend.settings import FrontendSettings
 
-from ..common.errors import Code, TriremeError, invalid_arg
-from . import http_codec as codec
-from . import stats_codec
-from .http_message import BodyError, BodyTooLarge, Reply
-from .settings import FrontendSettings
-
-__all__ = ["make_app", "make_server", "make_runner", "start_http", "http_status"]
+__all__ = ["Handlers", "http_status", "start_http"]
 
 log = logging.getLogger(__name__)
 
@@ -84,12 +88,13 @@ def _version(v: str | None) -> str:
     return str(int(v)) if v else ""  # Triton parses the version as int64: "01" is 1
 
 
-class _Handlers:
+class Handlers:
     """Route table and handlers; holds the data plane and the settings."""
 
-    def __init__(self, dp: Any, settings: FrontendSettings) -> None:
+    def __init__(self, dp: DataPlaneAPI, settings: FrontendSettings) -> None:
         self.dp = dp
         self.limit = settings.http_max_input_size
+        self._metadata = codec.encode_json(settings.server_metadata())
         self._exact = {
             "/v2": self.server_metadata,
             "/v2/health/live": self.health_live,
@@ -132,7 +137,7 @@ class _Handlers:
             # The rest of the body cannot be skipped: 400, and the connection closes.
             return Reply(400, codec.error_body(f"failed to read the request body: {e}"),
                          _JSON, close=True)
-        except Exception as e:  # noqa: BLE001 - one final answer for every request
+        except Exception as e:
             log.exception("HTTP %s %s failed", request.method, path)
             return _error_reply(500, f"internal error: {type(e).__name__}: {e}")
 
@@ -158,7 +163,7 @@ class _Handlers:
     async def server_metadata(self, request: Any) -> Reply:
         if request.method != "GET":
             return _NOT_ALLOWED
-        return _json_reply(codec.encode_json(self.dp.server_metadata()))
+        return _json_reply(self._metadata)
 
     async def model_metadata(self, request: Any, model: str, version: str) -> Reply:
         if request.method != "GET":
@@ -197,8 +202,7 @@ class _Handlers:
             ready_only = codec.decode_index_request(body)
             return _json_reply(codec.encode_json(await self.dp.repository_index(ready_only)))
         if repo:
-            raise TriremeError(Code.UNSUPPORTED,
-                               "'repository_name' specification is not supported")
+            raise unsupported(REPOSITORY_NAME_UNSUPPORTED)
         if action == "load":
             await self.dp.load_model(model, codec.decode_load_request(body))
         else:
@@ -251,9 +255,9 @@ class _Handlers:
 class _NativeHttp:
     """What start_http returns for --http-impl native."""
 
-    def __init__(self, dp: Any, settings: FrontendSettings) -> None:
-        from .http1 import NativeHttpServer
-        self._server = NativeHttpServer(_Handlers(dp, settings).dispatch,
+    def __init__(self, dp: DataPlaneAPI, settings: FrontendSettings) -> None:
+        from services.frontend.http.engine import NativeHttpServer
+        self._server = NativeHttpServer(Handlers(dp, settings).dispatch,
                                         settings.http_max_input_size)
 
     @property
@@ -267,145 +271,15 @@ class _NativeHttp:
         await self._server.stop(grace)
 
 
-# ---- aiohttp (--http-impl aiohttp) ------------------------------------------------------
-
-class _AioRequest:
-    """An aiohttp request in the handlers' shape."""
-    __slots__ = ("method", "path", "query", "headers", "_request", "_limit")
-
-    def __init__(self, request: web.BaseRequest, limit: int) -> None:
-        self.method, self.path, self.headers = request.method, request.path, request.headers
-        self.query = request.query_string
-        self._request, self._limit = request, limit
-
-    async def read(self) -> bytes:
-        return await _read_body(self._request, self._limit,
-                                bool(self.headers.get("Content-Encoding")))
-
-
-def _web_response(reply: Reply) -> web.Response:
-    headers = {"Content-Type": reply.content_type} if reply.content_type else {}
-    if reply.headers:
-        headers.update(reply.headers)
-    resp = web.Response(body=reply.body or None, status=reply.status, headers=headers)
-    if reply.close:
-        resp.force_close()
-    return resp
-
-
-async def _read_body(request: web.BaseRequest, limit: int, encoded: bool) -> bytes:
-    """The whole (already decompressed) body, refused past `limit` bytes (BodyTooLarge).
-
-    aiohttp decompresses gzip/deflate bodies while streaming them, so the limit applies to
-    the decompressed size, as in Triton. aiohttp's own check (client_max_size) would answer
-    413 with a text body; Triton answers 400 with a JSON error, so we count here. A
-    Content-Length over the limit is refused before anything is read. One chunk -> returned
-    as is; several -> one join. `encoded`: the request has a Content-Encoding."""
-    declared = request.content_length
-    if declared is not None and not encoded:
-        if declared > limit:
-            raise BodyTooLarge(declared)
-        if declared == 0:
-            return b""
-    content = request.content
-    if declared is None or declared > 65536:
-        set_chunk = getattr(content, "set_read_chunk_size", None)
-        if set_chunk is not None:
-            set_chunk(min(limit, declared or limit))  # fewer pause/resume cycles, big bodies
-    try:
-        return await _read_chunks(content, declared, encoded, limit)
-    except web.RequestPayloadError as e:
-        detail = str(e).strip().splitlines()[-1].strip()  # "400, message:\n  <text>"
-        raise BodyError(detail) from None
-
-
-async def _read_chunks(content: Any, declared: int | None, encoded: bool,
-                       limit: int) -> bytes:
-    first = await content.readany()
-    if (declared is not None and not encoded and len(first) == declared) or not first:
-        return first
-    parts, total = [first], len(first)
-    while True:
-        if total > limit:
-            raise BodyTooLarge(None if encoded or declared is None else declared)
-        chunk = await content.readany()
-        if not chunk:
-            return b"".join(parts)
-        parts.append(chunk)
-        total += len(chunk)
-
-
-async def _expect(request: web.BaseRequest) -> None:
-    """aiohttp's default expect handler, as web.Application runs it before a route's
-    handler: "100-continue" answers 100 Continue on HTTP/1.1, anything else 417."""
-    expect = request.headers.get("Expect", "")
-    if request.version == HttpVersion11:
-        if expect.lower() == "100-continue":
-            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            request.writer.output_size = 0  # the response itself is still to come
-        else:
-            raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
-    await request.writer.drain()
-
-
-def make_app(dp: Any, settings: FrontendSettings) -> web.Application:
-    """The aiohttp application serving Triton's HTTP API over `dp` (start_http serves the
-    same handlers through make_server, without the Application's per-request routing)."""
-    handlers, limit = _Handlers(dp, settings), settings.http_max_input_size
-
-    async def route(request: web.Request) -> web.Response:
-        return _web_response(await handlers.dispatch(_AioRequest(request, limit)))
-
-    app = web.Application(client_max_size=limit)
-    app.router.add_route("*", "/{tail:.*}", route)
-    return app
-
-
-def make_server(dp: Any, settings: FrontendSettings) -> web.Server:
-    """aiohttp's low-level server over `dp` (call it on the running loop): every request
-    goes straight to our dispatch, skipping web.Application's router, match info and
-    Request object, after what web.Application does for a route (answer an Expect
-    header). No access log (it costs per request); debug as web.Application derives it
-    (the loop's), so aiohttp's own error pages stay the same."""
-    handlers, limit = _Handlers(dp, settings), settings.http_max_input_size
-
-    async def serve(request: web.BaseRequest) -> web.StreamResponse:
-        if request.headers.get("Expect"):
-            await _expect(request)
-        return _web_response(await handlers.dispatch(_AioRequest(request, limit)))
-
-    return web.Server(serve, access_log=None, debug=asyncio.get_running_loop().get_debug())
-
-
-def make_runner(dp: Any, settings: FrontendSettings) -> web.BaseRunner:
-    """The runner start_http serves for --http-impl aiohttp (set up and add sites to use
-    it)."""
-    return web.ServerRunner(make_server(dp, settings), handle_signals=False)
-
-
-class _AioHttp:
-    """What start_http returns for --http-impl aiohttp."""
-
-    def __init__(self, dp: Any, settings: FrontendSettings) -> None:
-        self._runner = make_runner(dp, settings)
-
-    @property
-    def port(self) -> int:
-        return self._runner.addresses[0][1]
-
-    async def start(self, host: str, port: int) -> None:
-        await self._runner.setup()
-        await web.TCPSite(self._runner, host, port, reuse_port=True, backlog=1024).start()
-
-    async def stop(self, grace: float = 60.0) -> None:
-        await self._runner.cleanup()   # waits for requests in flight (its shutdown_timeout)
-
-
-async def start_http(dp: Any, settings: FrontendSettings) -> Any:
+async def start_http(dp: DataPlaneAPI, settings: FrontendSettings) -> Any:
     """Serve on settings.host:settings.http_port with the server settings.http_impl names
     ("native" or "aiohttp"); returns it (`.port`: the bound port, `await .stop(grace)`).
     SO_REUSEPORT lets several frontend processes share the port."""
-    server = (_NativeHttp if settings.http_impl == "native" else _AioHttp)(dp, settings)
+    if settings.http_impl == "native":
+        server: Any = _NativeHttp(dp, settings)
+    else:
+        from services.frontend.http.aiohttp_server import AioHttp
+        server = AioHttp(dp, settings)
     await server.start(settings.host, settings.http_port)
     log.info("Started HTTPService at %s:%d (%s)", settings.host, server.port,
              settings.http_impl)

@@ -12,8 +12,18 @@ import asyncio
 import zlib
 from typing import Any
 
-__all__ = ["BodyError", "BodyTooLarge", "Headers", "Reply", "Request", "RECEIVING", "COMPLETE",
-           "TOO_LARGE", "BROKEN", "DONE"]
+__all__ = [
+    "BROKEN",
+    "COMPLETE",
+    "DONE",
+    "RECEIVING",
+    "TOO_LARGE",
+    "BodyError",
+    "BodyTooLarge",
+    "Headers",
+    "Reply",
+    "Request",
+]
 
 
 class BodyTooLarge(Exception):
@@ -33,7 +43,7 @@ class BodyError(Exception):
 class Reply:
     """A handler's answer. ``content_type`` None: no Content-Type header; ``headers``: any
     others; ``close``: end the connection after this answer."""
-    __slots__ = ("status", "body", "content_type", "headers", "close")
+    __slots__ = ("body", "close", "content_type", "headers", "status")
 
     def __init__(self, status: int = 200, body: Any = b"", content_type: str | None = None,
                  headers: dict[str, str] | None = None, close: bool = False) -> None:
@@ -66,9 +76,26 @@ class Request:
     """One request of the native server: method, path, query, headers, version ("1.1")
     and ``await read()``; the connection fills in the body (``start_body``, ``feed``,
     ``complete``, ``end``)."""
-    __slots__ = ("method", "path", "query", "headers", "version", "keep_alive", "bad",
-                 "state", "size", "_loop", "_limit", "_body", "_declared", "_too_large",
-                 "_inflater", "_error", "_waiter", "_spare")
+    __slots__ = (
+        "_body",
+        "_declared",
+        "_error",
+        "_inflater",
+        "_limit",
+        "_loop",
+        "_spare",
+        "_too_large",
+        "_waiter",
+        "bad",
+        "headers",
+        "keep_alive",
+        "method",
+        "path",
+        "query",
+        "size",
+        "state",
+        "version",
+    )
 
     def __init__(self, loop: asyncio.AbstractEventLoop, limit: int) -> None:
         self._loop, self._limit = loop, limit
@@ -186,7 +213,7 @@ class _Inflater:
     """A gzip or deflate body, inflated piece by piece and never past the limit (a small
     body cannot expand into gigabytes here). As aiohttp does: several gzip members in a row
     are one body, and a deflate body without its zlib header (raw deflate) is accepted."""
-    __slots__ = ("encoding", "_obj", "_started")
+    __slots__ = ("_obj", "_started", "encoding")
 
     def __init__(self, encoding: str) -> None:
         self.encoding = encoding

@@ -1,8 +1,8 @@
 """Business Logic Scripting: a Python model's requests to other models.
 
-A worker that runs BLS holds a small frontend of its own: a DataPlane (the same code the
-HTTP and gRPC frontends use: validation, shared-memory inputs, results pushed straight
-from the target's worker) on an event loop in a background thread. The model's thread
+A worker that runs BLS holds the scheduler's client: a DataPlane (the same code the HTTP
+and gRPC frontends use: validation, shared-memory inputs, results pushed straight from the
+target's worker) on an event loop in a background thread. The model's thread
 blocks on a future for exec(); async_exec() awaits the same future from the model's loop.
 The scheduler treats it as one more frontend, so batching, priorities and statistics of
 the target model apply to BLS requests as to any other.
@@ -13,20 +13,29 @@ the model may keep a response as long as it likes without pinning another worker
 from __future__ import annotations
 
 import asyncio
-import os
 import queue
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
 from services.common import transport
-from services.common.datatypes import deserialize_bytes_tensor, numpy_dtype, serialize_bytes_tensor
+from services.common.datatypes import (
+    deserialize_bytes_tensor,
+    numpy_dtype,
+    serialize_bytes_tensor,
+)
 from services.common.errors import Code, TriremeError
-from services.frontend.dataplane import DataPlane
-from services.frontend.settings import FrontendSettings
-from services.frontend.types import CoreRequest, CoreResponse, InputTensor, RequestedOutput
-from services.workers import pb_utils
+from services.dataplane.client import DataPlane
+from services.dataplane.settings import DataPlaneSettings
+from services.dataplane.types import (
+    CoreRequest,
+    CoreResponse,
+    InputTensor,
+    RequestedOutput,
+)
+from services.workers.python import pb_utils
 
 START_TIMEOUT_S = 30.0
 _END = object()
@@ -82,7 +91,7 @@ class BlsClient:
         if not scheduler_addr:
             raise pb_utils.TritonModelException(
                 "BLS is not available: this worker was not given the scheduler's address")
-        settings = FrontendSettings(
+        settings = DataPlaneSettings(
             scheduler_addr=_connectable(scheduler_addr),
             result_addr=transport.local_address(scheduler_addr, "bls"),
             inline_threshold=inline_threshold, use_shm=use_shm)

@@ -14,9 +14,8 @@ import zlib
 from collections.abc import Mapping
 from typing import Any
 
-from services.common.errors import Code, TriremeError
-
-from .h2_connection import H2Connection, encode_literal_headers
+from services.common.errors import socket_in_use
+from services.frontend.grpc.h2 import H2Connection, encode_literal_headers
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +69,24 @@ def _status_block(code: int, details: str, headers_sent: bool) -> bytes:
 
 class _Call:
     """One RPC on one HTTP/2 stream: collects request messages, runs the handler, answers."""
-    __slots__ = ("conn", "sid", "method", "server", "encoding", "head", "body", "flag", "filled",
-                 "message", "queue", "task", "headers_sent", "failed")
+    __slots__ = (
+        "body",
+        "conn",
+        "encoding",
+        "failed",
+        "filled",
+        "flag",
+        "head",
+        "headers_sent",
+        "message",
+        "method",
+        "queue",
+        "server",
+        "sid",
+        "task",
+    )
 
-    def __init__(self, server: "NativeGrpcServer", conn: H2Connection, sid: int, method: Any,
+    def __init__(self, server: NativeGrpcServer, conn: H2Connection, sid: int, method: Any,
                  encoding: bytes) -> None:
         self.server, self.conn, self.sid, self.method = server, conn, sid, method
         self.encoding = encoding
@@ -217,7 +230,7 @@ class _Call:
             return
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             log.exception("unexpected error in gRPC handler")
             self._finish(UNKNOWN, f"Unexpected {type(e)}: {e}")
             return
@@ -281,7 +294,7 @@ class NativeGrpcServer:
             self._server = await loop.create_server(self._connection, host or None, port,
                                                     reuse_port=True, backlog=1024)
         except OSError as e:
-            raise TriremeError(Code.UNAVAILABLE, f"Socket '{address}' already in use ({e})") from e
+            raise socket_in_use(address, e) from e
         self.trireme_port = self._server.sockets[0].getsockname()[1]
 
     def _connection(self) -> H2Connection:

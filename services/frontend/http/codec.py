@@ -21,15 +21,39 @@ from typing import Any
 import msgspec
 import orjson
 
-from ..common.datatypes import (buffer_to_json_array, config_to_api, element_size, json_to_buffer,
-                                numbers_to_buffer)
-from ..common.errors import TriremeError, internal, invalid_arg
-from .types import CoreRequest, CoreResponse, InputTensor, RequestedOutput
+from services.common.datatypes import (
+    buffer_to_json_array,
+    config_to_api,
+    element_size,
+    json_to_buffer,
+    numbers_to_buffer,
+)
+from services.common.errors import (
+    TriremeError,
+    internal,
+    invalid_arg,
+    unrecognized_load_parameter,
+)
+from services.dataplane.types import (
+    CoreRequest,
+    CoreResponse,
+    InputTensor,
+    RequestedOutput,
+)
 
 __all__ = [
-    "decode_json", "parse_header_length", "decode_infer_request", "decode_raw_request",
-    "encode_infer_response", "response_encoding", "compress", "decode_index_request",
-    "decode_load_request", "decode_unload_request", "encode_json", "error_body",
+    "compress",
+    "decode_index_request",
+    "decode_infer_request",
+    "decode_json",
+    "decode_load_request",
+    "decode_raw_request",
+    "decode_unload_request",
+    "encode_infer_response",
+    "encode_json",
+    "error_body",
+    "parse_header_length",
+    "response_encoding",
     "size_limit_message",
 ]
 
@@ -471,7 +495,7 @@ def decode_load_request(body: Any) -> dict[str, Any]:
                 raise invalid_arg(f"Unable to parse parameter '{key}': invalid base64 "
                                   f"content") from None
         else:  # Triton answers 500 "unexpected error on creating Triton parameter"
-            raise invalid_arg(f"unrecognized load parameter '{key}'.")  # as our gRPC
+            raise unrecognized_load_parameter(key)  # as our gRPC
     return out
 
 

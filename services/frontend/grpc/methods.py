@@ -15,23 +15,34 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from dataclasses import dataclass
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
 from protos import grpc_service_pb2 as pb
-from services.common.errors import Code, TriremeError
-
-from . import grpc_codec as codec
-from . import stats_codec
-from .settings import FrontendSettings
+from services.common.errors import (
+    REPOSITORY_NAME_UNSUPPORTED,
+    Code,
+    TriremeError,
+    unsupported,
+)
+from services.dataplane.api import DataPlaneAPI
+from services.frontend import stats_codec
+from services.frontend.grpc import codec
+from services.frontend.settings import FrontendSettings
 
 log = logging.getLogger(__name__)
 
-__all__ = ["start_grpc", "GrpcService", "RpcMethod", "rpc_methods", "grpc_status",
-           "MAX_GRPC_MESSAGE_SIZE"]
+__all__ = [
+    "MAX_GRPC_MESSAGE_SIZE",
+    "GrpcService",
+    "RpcMethod",
+    "grpc_status",
+    "rpc_methods",
+    "start_grpc",
+]
 
 SERVICE_NAME = "inference.GRPCInferenceService"
 HEALTH_SERVICE_NAME = "grpc.health.v1.Health"
@@ -91,8 +102,9 @@ def _identity(data: bytes) -> bytes:
 class GrpcService:
     """One coroutine per RPC of inference.GRPCInferenceService, over the data plane `dp`."""
 
-    def __init__(self, dp: Any) -> None:
+    def __init__(self, dp: DataPlaneAPI, settings: FrontendSettings) -> None:
         self._dp = dp
+        self._settings = settings
 
     # -- health and metadata --------------------------------------------------------------
     async def ServerLive(self, request: pb.ServerLiveRequest, context) -> pb.ServerLiveResponse:
@@ -109,7 +121,7 @@ class GrpcService:
 
     async def ServerMetadata(self, request: pb.ServerMetadataRequest,
                              context) -> pb.ServerMetadataResponse:
-        return codec.server_metadata_to_proto(self._dp.server_metadata())
+        return codec.server_metadata_to_proto(self._settings.server_metadata())
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest,
                             context) -> pb.ModelMetadataResponse:
@@ -130,8 +142,7 @@ class GrpcService:
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest,
                               context) -> pb.RepositoryIndexResponse:
         if request.repository_name:
-            raise TriremeError(Code.UNSUPPORTED,
-                               "'repository_name' specification is not supported")
+            raise unsupported(REPOSITORY_NAME_UNSUPPORTED)
         items = await self._dp.repository_index(request.ready)
         return codec.repository_index_to_proto(items)
 
@@ -242,10 +253,10 @@ class RpcMethod:
     serialize: Callable[[Any], bytes]
 
 
-def rpc_methods(dp: Any) -> dict[str, RpcMethod]:
+def rpc_methods(dp: DataPlaneAPI, settings: FrontendSettings) -> dict[str, RpcMethod]:
     """'/package.Service/Method' -> RpcMethod, for every RPC in protos/grpc_service.proto and
     grpc.health.v1.Health/Check."""
-    service = GrpcService(dp)
+    service = GrpcService(dp, settings)
     methods: dict[str, RpcMethod] = {}
     for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
         name = method.name
@@ -266,36 +277,24 @@ def rpc_methods(dp: Any) -> dict[str, RpcMethod]:
     return methods
 
 
-def _health_check(dp: Any) -> Handler:
+def _health_check(dp: DataPlaneAPI) -> Handler:
     """grpc.health.v1.Health/Check: SERVING when the server is ready (as Triton)."""
     async def check(request: bytes, context) -> bytes:
         try:
             return _HEALTH_SERVING if dp.ready() else _HEALTH_NOT_SERVING
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("health check failed")
             return _HEALTH_UNKNOWN
     return check
 
 
-def _aio_handlers(methods: dict[str, RpcMethod]) -> dict[str, dict[str, grpc.RpcMethodHandler]]:
-    """service name -> method name -> grpc.aio handler."""
-    services: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
-    for path, m in methods.items():
-        service, name = path[1:].split("/")
-        make = (grpc.stream_stream_rpc_method_handler if m.streaming
-                else grpc.unary_unary_rpc_method_handler)
-        services.setdefault(service, {})[name] = make(
-            m.handler, request_deserializer=m.deserialize, response_serializer=m.serialize)
-    return services
-
-
-def _address(host: str, port: int) -> str:
+def address(host: str, port: int) -> str:
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"  # IPv6 literal
     return f"{host}:{port}"
 
 
-async def start_grpc(dp: Any, settings: FrontendSettings) -> Any:
+async def start_grpc(dp: DataPlaneAPI, settings: FrontendSettings) -> Any:
     """Start the gRPC server on {host}:{grpc_port} and return it (stop with `.stop(grace)`).
 
     ``settings.grpc_impl`` picks the server: "native" (grpc_native, the default: HTTP/2 on
@@ -303,30 +302,13 @@ async def start_grpc(dp: Any, settings: FrontendSettings) -> Any:
     processes share the port. The bound port (useful with grpc_port=0) is available as
     `server.trireme_port`.
     """
-    methods = rpc_methods(dp)
+    methods = rpc_methods(dp, settings)
     if settings.grpc_impl == "native":
-        from .grpc_native import NativeGrpcServer
-        native = NativeGrpcServer(methods)
-        await native.start(settings.host, settings.grpc_port)
-        log.info("Started GRPCInferenceService at %s",
-                 _address(settings.host, native.trireme_port))
-        return native
-    server = grpc.aio.server(options=[
-        ("grpc.so_reuseport", 1),
-        ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
-        ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
-    ])
-    for service, handlers in _aio_handlers(methods).items():
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
-        server.add_registered_method_handlers(service, handlers)
-    address = _address(settings.host, settings.grpc_port)
-    try:
-        port = server.add_insecure_port(address)
-    except RuntimeError as e:
-        raise TriremeError(Code.UNAVAILABLE, f"Socket '{address}' already in use ({e})") from e
-    if port == 0:
-        raise TriremeError(Code.UNAVAILABLE, f"Socket '{address}' already in use")
-    await server.start()
-    server.trireme_port = port  # type: ignore[attr-defined]
-    log.info("Started GRPCInferenceService at %s", _address(settings.host, port))
+        from services.frontend.grpc.native import NativeGrpcServer
+        server = NativeGrpcServer(methods)
+        await server.start(settings.host, settings.grpc_port)
+    else:
+        from services.frontend.grpc.aio_server import start_aio
+        server = await start_aio(methods, settings)
+    log.info("Started GRPCInferenceService at %s", address(settings.host, server.trireme_port))
     return server

@@ -85,7 +85,7 @@ class Cancels:
         while True:
             try:
                 parts = conn.recv()
-            except Exception:   # EOF or a closed socket: the scheduler is gone
+            except Exception:  # noqa: BLE001 - EOF or a closed socket: the scheduler is gone
                 return
             try:
                 msg, _ = m.decode(parts, for_worker=True)

@@ -24,13 +24,21 @@ import re
 import struct
 
 from services.common.datatypes import DATATYPES, element_size
-from services.common.errors import Code, TriremeError
+from services.common.errors import (
+    Code,
+    TriremeError,
+    bad_version_string_text,
+    invalid_arg,
+    not_ready_text,
+    unknown_model,
+)
 from services.common.messages import ModelInfo
-from services.frontend.types import CoreRequest
+from services.common.states import ModelState
+from services.dataplane.types import CoreRequest
 
-__all__ = ["resolve_version", "validate_infer", "unknown_model_error"]
+__all__ = ["resolve_version", "unknown_model_error", "validate_infer"]
 
-_READY = "READY"
+_READY = ModelState.READY
 _WILDCARD = -1
 _KNOWN_DATATYPES = frozenset(DATATYPES)
 _ELEMENT_SIZE = {dt: element_size(dt) for dt in DATATYPES}   # BYTES: None
@@ -45,10 +53,6 @@ _BATCH_NOTE = (
     "See the model configuration docs for more info on max_batch_size.")
 
 
-def _invalid(msg: str) -> TriremeError:
-    return TriremeError(Code.INVALID_ARG, msg)
-
-
 def _dims(shape) -> str:
     """triton::common::DimsListToString: "[1,-1,3]" (no spaces)."""
     return "[" + ",".join(str(d) for d in shape) + "]"
@@ -61,9 +65,7 @@ def _names(names) -> str:
     return s[:-1] + "]"
 
 
-def unknown_model_error(model: str) -> TriremeError:
-    """Triton's answer for a model name the repository does not know."""
-    return TriremeError(Code.NOT_FOUND, f"Request for unknown model: '{model}' is not found")
+unknown_model_error = unknown_model   # Triton's answer for a model name the repository does not know
 
 
 # ------------------------------------------------------------------------------- versions
@@ -81,18 +83,17 @@ def resolve_version(info: ModelInfo, version: str) -> int:
     m = _STOL.match(version)
     v = int(m.group(1)) if m else None
     if v is None or not -_INT64_MAX - 1 <= v <= _INT64_MAX:
-        raise _invalid(f"failed to get model version from specified version string "
-                       f"'{version}' (details: stol), version should be an integral value > 0")
+        raise invalid_arg(bad_version_string_text(version, "stol"))
     if v < 0:
-        raise _invalid(f"invalid model version specified '{version}' , version should be an "
-                       f"integral value > 0")
+        raise invalid_arg(f"invalid model version specified '{version}' , version should be an "
+                          f"integral value > 0")
     state = info.versions.get(v)
     if state is None:
         raise TriremeError(Code.NOT_FOUND,
                            f"Request for unknown model: '{name}' version {v} is not found")
     if state != _READY:
         raise TriremeError(Code.UNAVAILABLE,
-                           f"Request for unknown model: '{name}' version {v} is not at ready state")
+                           f"Request for unknown model: {not_ready_text(name, v)}")
     return v
 
 
@@ -121,7 +122,7 @@ def validate_infer(info: ModelInfo, req: CoreRequest) -> int:
         if not out_names <= known_outputs:
             for name in sorted(out_names):
                 if name not in known_outputs:
-                    raise _invalid(f"unexpected inference output '{name}' for model '{model}'")
+                    raise invalid_arg(f"unexpected inference output '{name}' for model '{model}'")
 
     # 3. Input count (ValidateRequestInputs).
     n, n_cfg = len(inputs), len(info.inputs)
@@ -135,19 +136,19 @@ def validate_infer(info: ModelInfo, req: CoreRequest) -> int:
     for t in inputs:
         spec = specs.get(t.name)
         if spec is None:
-            raise _invalid(f"unexpected inference input '{t.name}' for model '{model}'")
+            raise invalid_arg(f"unexpected inference input '{t.name}' for model '{model}'")
         if not spec.optional:
             given_required += 1
         if mbs > 0:
             if not t.shape:
-                raise _invalid(f"{_rid(req)}input '{t.name}' has no shape but model requires "
-                               f"batch dimension for '{model}'")
+                raise invalid_arg(f"{_rid(req)}input '{t.name}' has no shape but model requires "
+                                  f"batch dimension for '{model}'")
             d0 = t.shape[0]
             if batch == 0:
                 batch = d0 & 0xFFFFFFFF          # Triton keeps it in a uint32
             elif d0 != batch:
-                raise _invalid(f"{_rid(req)}input '{t.name}' batch size does not match other "
-                               f"inputs for '{model}'")
+                raise invalid_arg(f"{_rid(req)}input '{t.name}' batch size does not match other "
+                                  f"inputs for '{model}'")
     # Triton only counts inputs; a required input replaced by an optional one would reach
     # the backend. Reject it here with the same message. (As many required inputs given as
     # required: none can be missing, so the walk over the config is skipped.)
@@ -155,8 +156,8 @@ def validate_infer(info: ModelInfo, req: CoreRequest) -> int:
                                            for s in info.inputs):
         raise _count_error(_rid(req), info, seen, inputs, n_required)
     if batch > mbs:
-        raise _invalid(f"{_rid(req)}inference request batch-size must be <= {mbs} for "
-                       f"'{model}'")
+        raise invalid_arg(f"{_rid(req)}inference request batch-size must be <= {mbs} for "
+                          f"'{model}'")
 
     # 5. Per input: datatype, shape, then byte size.
     first = 1 if mbs > 0 else 0
@@ -164,8 +165,8 @@ def validate_infer(info: ModelInfo, req: CoreRequest) -> int:
         spec = specs[t.name]
         if t.datatype != spec.datatype:
             got = t.datatype if t.datatype in _KNOWN_DATATYPES else "<invalid>"
-            raise _invalid(f"{_rid(req)}inference input '{t.name}' data-type is '{got}', but "
-                           f"model '{model}' expects '{spec.datatype}'")
+            raise invalid_arg(f"{_rid(req)}inference input '{t.name}' data-type is '{got}', but "
+                              f"model '{model}' expects '{spec.datatype}'")
         shape, cfg = t.shape, spec.shape
         # Triton's order: a wildcard in the request fails at once, a mismatch ends the
         # walk (shape error), and any other negative dim fails after the walk.
@@ -183,9 +184,9 @@ def validate_infer(info: ModelInfo, req: CoreRequest) -> int:
             else:
                 matched = True
         if not matched:
-            raise _invalid(f"{_rid(req)}unexpected shape for input '{t.name}' for model "
-                           f"'{model}'. Expected {_dims(spec.shape)}, got {_dims(shape)}. "
-                           f"{_BATCH_NOTE if mbs > 0 else ''}")
+            raise invalid_arg(f"{_rid(req)}unexpected shape for input '{t.name}' for model "
+                              f"'{model}'. Expected {_dims(spec.shape)}, got {_dims(shape)}. "
+                              f"{_BATCH_NOTE if mbs > 0 else ''}")
         if negative:                             # -2 etc. under a wildcard config dim
             raise _all_dims_error(_rid(req), model, t)
         if mbs > 0:
@@ -201,7 +202,7 @@ def validate_infer(info: ModelInfo, req: CoreRequest) -> int:
 
     if mbs > 0 and batch == 0:
         # Triton would run a zero-row batch as if the model did not batch; we cannot.
-        raise _invalid(f"{_rid(req)}inference request batch-size must be >= 1 for '{model}'")
+        raise invalid_arg(f"{_rid(req)}inference request batch-size must be >= 1 for '{model}'")
     return batch if mbs > 0 else 1
 
 
@@ -214,7 +215,7 @@ def _raise_duplicate(req: CoreRequest, items, kind: str) -> None:
     seen: set[str] = set()
     for x in items:
         if x.name in seen:
-            raise _invalid(f"{_rid(req)}{kind} '{x.name}' already exists in request")
+            raise invalid_arg(f"{_rid(req)}{kind} '{x.name}' already exists in request")
         seen.add(x.name)
 
 
@@ -226,14 +227,14 @@ def _count_error(rid, info, given, inputs, n_required) -> TriremeError:
         head = f"expected {n_cfg} inputs"
     else:
         head = f"expected number of inputs between {n_required} and {n_cfg}"
-    return _invalid(f"{rid}{head} but got {len(inputs)} inputs for model '{info.name}'. Got "
-                    f"input(s) {got}, but missing required input(s) {missing}. Please provide "
-                    f"all required input(s).")
+    return invalid_arg(f"{rid}{head} but got {len(inputs)} inputs for model '{info.name}'. Got "
+                       f"input(s) {got}, but missing required input(s) {missing}. Please provide "
+                       f"all required input(s).")
 
 
 def _all_dims_error(rid, model, t) -> TriremeError:
-    return _invalid(f"{rid}All input dimensions should be specified for input '{t.name}' for "
-                    f"model '{model}', got {_dims(t.shape)}")
+    return invalid_arg(f"{rid}All input dimensions should be specified for input '{t.name}' for "
+                       f"model '{model}', got {_dims(t.shape)}")
 
 
 def _check_byte_size(req, model, t, expected: int) -> None:
@@ -247,8 +248,8 @@ def _check_byte_size(req, model, t, expected: int) -> None:
     else:
         got = data.nbytes if isinstance(data, memoryview) else len(data)
     if got != expected:
-        raise _invalid(f"{_rid(req)}input byte size mismatch for input '{t.name}' for model "
-                       f"'{model}'. Expected {expected}, got {got}")
+        raise invalid_arg(f"{_rid(req)}input byte size mismatch for input '{t.name}' for model "
+                          f"'{model}'. Expected {expected}, got {got}")
 
 
 def _check_bytes(rid, model, t, count: int) -> None:
@@ -264,18 +265,18 @@ def _check_bytes(rid, model, t, count: int) -> None:
     n, off, checked = len(data), 0, 0
     while off < n:
         if n - off < 4:
-            raise _invalid(f"{rid}incomplete string length indicator {where}, expecting 4 "
-                           f"bytes but only {n - off} bytes available. Please make sure the "
-                           f"string length indicator is in one buffer.")
+            raise invalid_arg(f"{rid}incomplete string length indicator {where}, expecting 4 "
+                              f"bytes but only {n - off} bytes available. Please make sure the "
+                              f"string length indicator is in one buffer.")
         length = _U32(data, off)[0]
         checked += 1
         if checked > count:
-            raise _invalid(f"{rid}unexpected number of string elements {checked} {where}, "
-                           f"expecting {count}")
+            raise invalid_arg(f"{rid}unexpected number of string elements {checked} {where}, "
+                              f"expecting {count}")
         off += 4 + length
     if checked != count:
-        raise _invalid(f"{rid}expected {count} string elements {where}, got {checked}")
+        raise invalid_arg(f"{rid}expected {count} string elements {where}, got {checked}")
     if off > n:                                  # last element runs past the buffer
         avail = n - (off - length)
-        raise _invalid(f"incomplete string data for inference input '{t.name}', expecting "
-                       f"string of length {length} but only {avail} bytes available")
+        raise invalid_arg(f"incomplete string data for inference input '{t.name}', expecting "
+                          f"string of length {length} but only {avail} bytes available")

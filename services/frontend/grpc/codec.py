@@ -1,7 +1,7 @@
 """Pure conversions between the gRPC protobuf messages and the frontend's internal types.
 
 No I/O, no server state: every function here takes messages or dicts and returns messages,
-bytes or `services.frontend.types` objects, raising TriremeError (INVALID_ARG for bad client
+bytes or `services.dataplane.types` objects, raising TriremeError (INVALID_ARG for bad client
 input) in Triton's words (server src/grpc/infer_handler.cc, grpc_utils.h, grpc_server.cc).
 
 Tensor bytes avoid copies on the hot path:
@@ -25,15 +25,35 @@ from google.protobuf.message import DecodeError
 from protos import grpc_service_pb2 as pb
 from protos import model_config_pb2 as mc
 from services.common.datatypes import serialize_bytes_tensor
-from services.common.errors import Code, TriremeError, invalid_arg
-
-from .types import CoreRequest, CoreResponse, InputTensor, RequestedOutput
+from services.common.errors import (
+    REPOSITORY_NAME_UNSUPPORTED,
+    Code,
+    TriremeError,
+    invalid_arg,
+    unrecognized_load_parameter,
+    unsupported,
+)
+from services.dataplane.types import (
+    CoreRequest,
+    CoreResponse,
+    InputTensor,
+    RequestedOutput,
+)
 
 __all__ = [
-    "decode_infer_request", "request_from_proto", "encode_infer_response",
-    "encode_stream_response", "encode_stream_error", "params_from_proto", "params_to_proto",
-    "server_metadata_to_proto", "model_metadata_to_proto", "model_config_to_proto",
-    "repository_index_to_proto", "load_parameters", "unload_parameters",
+    "decode_infer_request",
+    "encode_infer_response",
+    "encode_stream_error",
+    "encode_stream_response",
+    "load_parameters",
+    "model_config_to_proto",
+    "model_metadata_to_proto",
+    "params_from_proto",
+    "params_to_proto",
+    "repository_index_to_proto",
+    "request_from_proto",
+    "server_metadata_to_proto",
+    "unload_parameters",
 ]
 
 _INT64_MAX = 2**63 - 1
@@ -435,8 +455,7 @@ def repository_index_to_proto(items: Iterable[Mapping[str, Any]]) -> pb.Reposito
 
 def _check_repository_name(repository_name: str) -> None:
     if repository_name:
-        raise TriremeError(Code.UNSUPPORTED,
-                           "'repository_name' specification is not supported")
+        raise unsupported(REPOSITORY_NAME_UNSUPPORTED)
 
 
 def load_parameters(msg: pb.RepositoryModelLoadRequest) -> dict[str, Any]:
@@ -456,7 +475,7 @@ def load_parameters(msg: pb.RepositoryModelLoadRequest) -> dict[str, Any]:
                                   "bytes_param.")
             out[key] = p.bytes_param
         else:
-            raise invalid_arg(f"unrecognized load parameter '{key}'.")
+            raise unrecognized_load_parameter(key)
     return out
 
 
