@@ -57,7 +57,7 @@ THREAD_PARAM = {"onnxruntime": "intra_op_thread_count", "pytorch": "INTRA_OP_THR
                 "tensorflow": "TF_NUM_INTRA_THREADS", "openvino": "INFERENCE_NUM_THREADS"}
 FILES = {"onnxruntime": "model.onnx", "pytorch": "model.pt", "tensorflow": "model.savedmodel",
          "openvino": "model.xml", "python": "model.py"}
-# What each framework maps into a process that imports it (as tests/test_mixed_repository.py).
+# What each framework maps into a process that imports it (as tests/e2e/test_mixed_repository.py).
 LIBRARIES = {"onnxruntime": "onnxruntime_pybind11", "pytorch": "libtorch_cpu",
              "tensorflow": "libtensorflow_framework", "openvino": "libopenvino.so"}
 ID_WIDTH, BATCH, TARGET = 16, 64, 1.2

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from importlinter.cli import lint_imports
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_import_contracts_are_kept():

@@ -20,7 +20,7 @@ from services.common.errors import Code, TriremeError
 from services.frontend.grpc.methods import start_grpc
 from services.frontend.grpc.h2 import PREFACE, encode_literal_headers, frame_header
 from services.frontend.settings import FrontendSettings
-from tests.unit.test_grpc_codec import FakeDataPlane, echo_request
+from tests.unit.frontend.test_grpc_codec import FakeDataPlane, echo_request
 
 DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE = 0, 1, 3, 4, 6, 7, 8
 INFER = "/inference.GRPCInferenceService/ModelInfer"

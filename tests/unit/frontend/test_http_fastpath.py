@@ -5,7 +5,7 @@
   against numpy's tolist().
 - http_server: aiohttp's low-level server (make_runner, --http-impl aiohttp) against the
   same handlers in a web.Application, byte for byte on the wire (Date aside), Expect
-  handling included. The native server against aiohttp's: tests/unit/test_http1.py.
+  handling included. The native server against aiohttp's: tests/unit/frontend/test_http1.py.
 """
 
 from __future__ import annotations

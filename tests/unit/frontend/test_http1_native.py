@@ -1,5 +1,5 @@
 """The native HTTP/1.1 server's own behaviour, beyond what it shares with aiohttp's
-(tests/unit/test_http1.py): bodies refused and skipped on a kept connection, cancelled
+(tests/unit/frontend/test_http1.py): bodies refused and skipped on a kept connection, cancelled
 handlers, oversized heads, broken bodies, graceful stop, back-pressure, idle timeout.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from services.frontend.http.engine import MAX_QUEUED, NativeHttpServer
 from services.frontend.http.message import Reply
 from services.frontend.http.routes import start_http
 from services.frontend.settings import FrontendSettings
-from tests.unit.test_http1 import (LIMIT, FakeDataPlane, connect, data_of, infer_body,
+from tests.unit.frontend.test_http1 import (LIMIT, FakeDataPlane, connect, data_of, infer_body,
                                    no_other_tasks, post, response, run, server_conns,
                                    serving, until)
 

@@ -7,7 +7,7 @@ One server of its own (explicit control mode) so that every request it sees is s
   identity_fp32  loaded, never used
   identity_int32 in the repository but not loaded (not ready)
 Counts are still checked as deltas against a snapshot, so the tests do not depend on
-their order. Imports tritonclient's protos only (never ours), like tests/test_grpc_api.py.
+their order. Imports tritonclient's protos only (never ours), like tests/e2e/test_grpc_api.py.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ A raw-socket client written here does what tritonclient never does: pipelining, 
 trickled bodies, Expect, HTTP/1.0, malformed requests, clients that vanish mid-body. Each
 test starts start_http on a free port over a fake data plane (no scheduler, no workers);
 where both servers should agree it runs against both (--http-impl native | aiohttp).
-What only the native server does: tests/unit/test_http1_native.py.
+What only the native server does: tests/unit/frontend/test_http1_native.py.
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from services.common import shm
 from services.common.errors import Code, TriremeError
 from services.common.shm import ALIGN, Arena, SegmentMap, ShmUnavailable
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 KIB = 1024
 
 

@@ -322,7 +322,7 @@ def test_savedmodel_signature_choice(tmp_path):
 
 def test_outputs_default_to_the_configs(tmp_path):
     """No output asked for means the config's outputs, not every output of the signature: the
-    worker passes them (tests/test_output_rule.py), and the backend computes only those."""
+    worker passes them (tests/e2e/test_output_rule.py), and the backend computes only those."""
     module = models_tf.savedmodel(tmp_path / "sm")
     backend = load_backend(tmp_path, "sm", f"max_batch_size: 8\n{FP32_IN}"
                            'output [{ name: "OUTPUT1", data_type: TYPE_INT32, dims: [16] }]')

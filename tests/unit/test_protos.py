@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PROTO_DIR = REPO / "protos"
 
 # Dumps every message/field, enum value and service method of the given
