@@ -37,20 +37,20 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Callable
 
 # numpy's OpenBLAS reads this when it loads: set before numpy is imported here, so that the
 # spawned in-process runs and the server (the python backend's numpy) inherit it too.
 os.environ["OPENBLAS_NUM_THREADS"] = "1"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_load import pct  # noqa: E402
-from bench_server import CpuMeter, Server, log, machine_info, models, wait_quiet  # noqa: E402
+from bench_load import pct
+from bench_server import CpuMeter, Server, log, machine_info, models, wait_quiet
 
 BACKENDS = ("onnxruntime", "pytorch", "tensorflow", "openvino", "python")
 THREAD_PARAM = {"onnxruntime": "intra_op_thread_count", "pytorch": "INTRA_OP_THREAD_COUNT",
@@ -131,8 +131,8 @@ def build(backend: str, d: Path, layers: list | None, width: int) -> Path:
               for n in ("INPUT0", "OUTPUT0")]
         models._save(helper.make_graph(nodes, "m", vi[:1], vi[1:], initializer=inits), path)
     elif backend == "pytorch":
-        import torch
         import models_torch
+        import torch
         mods = []
         for w, b in layers or []:
             lin = torch.nn.Linear(width, width)
@@ -145,7 +145,7 @@ def build(backend: str, d: Path, layers: list | None, width: int) -> Path:
         m.layers = [(tf.Variable(w), tf.Variable(b)) for w, b in layers or []]
 
         @tf.function(input_signature=[tf.TensorSpec([None, width], tf.float32)])
-        def serve(INPUT0):  # noqa: N803 - the argument name is the signature's input key
+        def serve(INPUT0):
             h = INPUT0
             for w, b in m.layers:
                 h = tf.nn.relu(tf.matmul(h, w) + b)

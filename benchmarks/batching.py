@@ -79,9 +79,18 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_load import expected, http_json_body, ort_ceiling, run_wrk  # noqa: E402
-from bench_server import (MAX_BATCH, MODEL_THREADS, ROOT, Server, log,  # noqa: E402
-                          machine_info, model_config, models, wait_quiet)
+from bench_load import expected, http_json_body, ort_ceiling, run_wrk
+from bench_server import (
+    MAX_BATCH,
+    MODEL_THREADS,
+    ROOT,
+    Server,
+    log,
+    machine_info,
+    model_config,
+    models,
+    wait_quiet,
+)
 
 WIDTH = 1024
 # Inputs and outputs written out: without them the server auto-completes the config with

@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from bench_server import CpuMeter, Server, counter_delta
 
 

@@ -13,10 +13,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from bench_load import grpc_big_round_trip, run_h2load, run_wrk
 from bench_server import ROOT, Server
-
 
 # --------------------------------------------------------------------------- py-spy
 

@@ -16,8 +16,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 import models  # noqa: E402  (tests/models.py)
-from conftest import _get as http_status, free_port, wait_until  # noqa: E402  (tests/conftest.py)
+from conftest import _get as http_status  # noqa: E402  (tests/conftest.py)
+from conftest import free_port, wait_until
 
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0

@@ -75,8 +75,7 @@ class StubDataPlane:
     a fixed OUTPUT0 of the input's shape."""
 
     def __init__(self) -> None:
-        from services.dataplane import types
-        from services.dataplane import validation
+        from services.dataplane import types, validation
         self.validate, self.types = validation.validate_infer, types
         self.infos = {m: model_info(m) for m in WIDTH}
         self.outputs = {m: output_bytes(w) for m, w in WIDTH.items()}
@@ -123,9 +122,9 @@ def time_call(fn, target_s: float = 0.2, repeat: int = 7) -> float:
 
 
 def codec_cases() -> dict[str, float]:
-    from services.frontend.http import codec
     from services.dataplane.types import CoreResponse, OutputTensor
     from services.dataplane.validation import validate_infer
+    from services.frontend.http import codec
     out = {}
     for model, w in WIDTH.items():
         body = json_body(w)

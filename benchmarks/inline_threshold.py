@@ -22,12 +22,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+import models  # noqa: E402
 import numpy as np  # noqa: E402
 
-import models  # noqa: E402
 from services.dataplane.client import DataPlane  # noqa: E402
-from services.frontend.settings import FrontendSettings  # noqa: E402
 from services.dataplane.types import CoreRequest, InputTensor  # noqa: E402
+from services.frontend.settings import FrontendSettings  # noqa: E402
 
 SIZES = sorted({1 << k for k in range(10, 25, 2)} | {96 << 10, 128 << 10, 192 << 10})  # 1 KiB .. 16 MiB
 

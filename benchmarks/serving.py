@@ -54,11 +54,17 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_load import (client_latency, client_ready_latency, expected,  # noqa: E402
-                        grpc_big_round_trip, ort_ceiling, run_h2load, run_wrk)
-from bench_profile import print_profile, profile_run  # noqa: E402
-from bench_server import (MODEL_THREADS, Server, build_repository, log,  # noqa: E402
-                          machine_info, wait_quiet)
+from bench_load import (
+    client_latency,
+    client_ready_latency,
+    expected,
+    grpc_big_round_trip,
+    ort_ceiling,
+    run_h2load,
+    run_wrk,
+)
+from bench_profile import print_profile, profile_run
+from bench_server import MODEL_THREADS, Server, build_repository, log, machine_info, wait_quiet
 
 MODEL_WIDTH = {"tiny": 16, "mlp": 1024}
 _PROTO = {"http": "HTTP", "grpc": "gRPC"}

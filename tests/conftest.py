@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-import models  # noqa: E402
+import models
 
 ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 120.0
@@ -92,7 +92,7 @@ def wait_until(cond, timeout: float, what: str, interval: float = 0.05):
     raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
-def wait_settled(srv: "Server", client, settled, what: str, timeout: float = 60.0):
+def wait_settled(srv: Server, client, settled, what: str, timeout: float = 60.0):
     """wait_until(settled); past the deadline, fail with the repository index and the tail
     of the server log, which say which model did not load and why."""
     try:
@@ -101,7 +101,7 @@ def wait_settled(srv: "Server", client, settled, what: str, timeout: float = 60.
         raise AssertionError(f"{client.get_model_repository_index()}\n{srv.log()[-4000:]}")
 
 
-def wait_models(srv: "Server", ready, unavailable=(), what: str = "models to load or fail",
+def wait_models(srv: Server, ready, unavailable=(), what: str = "models to load or fail",
                 timeout: float = 90.0) -> None:
     """Wait until the repository index shows every model of ``ready`` READY and every one of
     ``unavailable`` UNAVAILABLE (a server started with ready=False and models that must fail)."""

@@ -76,7 +76,7 @@ def broken(model_dir: Path) -> Path:
     return path
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compiled(path: Path) -> ov.CompiledModel:
     return ov.Core().compile_model(str(path), "CPU")
 

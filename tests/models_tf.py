@@ -10,8 +10,8 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
 WIDTH = 16
 _F32 = tf.TensorSpec([None, WIDTH], tf.float32)
@@ -27,12 +27,12 @@ class AddMul(tf.Module):
         self.w = tf.Variable(rng.standard_normal((WIDTH, WIDTH)).astype(np.float32))
 
     @tf.function(input_signature=[_F32, _F32])
-    def serve(self, INPUT0, INPUT1):  # noqa: N803 - argument names are the signature's keys
+    def serve(self, INPUT0, INPUT1):
         return {"OUTPUT0": tf.matmul(INPUT0, self.w) + INPUT1,
                 "OUTPUT1": tf.cast(INPUT0 > INPUT1, tf.int32)}
 
     @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.string)])
-    def strings(self, TEXT):  # noqa: N803
+    def strings(self, TEXT):
         return {"UPPER": tf.strings.upper(TEXT), "LENGTH": tf.strings.length(TEXT)}
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Dict, List
 
 import torch
 
@@ -33,12 +32,12 @@ class Dtypes(torch.nn.Module):
 
 
 class Upper(torch.nn.Module):
-    def forward(self, words: List[str]) -> List[str]:
+    def forward(self, words: list[str]) -> list[str]:
         return [w.upper() for w in words]
 
 
 class DictInput(torch.nn.Module):
-    def forward(self, inputs: Dict[str, torch.Tensor]):
+    def forward(self, inputs: dict[str, torch.Tensor]):
         return inputs["a"] * inputs["b"]
 
 

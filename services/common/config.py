@@ -19,12 +19,7 @@ from google.protobuf.descriptor import FieldDescriptor
 
 from protos import model_config_pb2 as mc
 from services.common.batch_io_config import validate_batch_io
-from services.common.errors import (
-    expects_datatype_text,
-    expects_inputs_text,
-    invalid_arg,
-    unexpected_io_text,
-)
+from services.common.errors import expects_datatype_text, expects_inputs_text, invalid_arg, unexpected_io_text
 from services.common.repository import available_versions
 
 CONFIG_PBTXT, CONFIGS_FOLDER = "config.pbtxt", "configs"

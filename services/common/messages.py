@@ -12,7 +12,8 @@ No pickle anywhere: headers are msgspec Structs encoded as msgpack arrays.
 from __future__ import annotations
 
 import enum
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 

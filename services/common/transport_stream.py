@@ -24,7 +24,8 @@ import socket
 import struct
 import threading
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +185,7 @@ def _write(transport: asyncio.Transport, parts: Sequence[Any]) -> None:
 class _PeerProtocol(asyncio.Protocol):
     """One accepted connection: its first message names it, the rest go to the handler."""
 
-    def __init__(self, listener: "Listener") -> None:
+    def __init__(self, listener: Listener) -> None:
         self.listener = listener
         self.identity: bytes | None = None
         self.transport: asyncio.Transport | None = None
@@ -258,7 +259,7 @@ class Listener:
 
 
 class _ClientProtocol(asyncio.Protocol):
-    def __init__(self, conn: "Connection") -> None:
+    def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self.assembler = _Assembler(conn.handler)
 

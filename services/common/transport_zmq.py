@@ -12,7 +12,8 @@ import asyncio
 import logging
 import os
 import threading
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import zmq
 

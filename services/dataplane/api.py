@@ -3,7 +3,8 @@ they see it. DataPlane implements it; tests drive the adapters with fakes of the
 shape, so an adapter never reaches past these methods."""
 from __future__ import annotations
 
-from typing import AsyncIterator, Protocol
+from collections.abc import AsyncIterator
+from typing import Protocol
 
 from services.common.messages import ModelStat
 from services.dataplane.types import CoreRequest, CoreResponse

@@ -22,12 +22,7 @@ from typing import Any
 
 from services.common import messages as m
 from services.common import transport
-from services.common.errors import (
-    Code,
-    TriremeError,
-    bad_version_string_text,
-    invalid_arg,
-)
+from services.common.errors import Code, TriremeError, bad_version_string_text, invalid_arg
 from services.common.shm import Arena, SegmentMap, ShmUnavailable
 from services.common.states import ModelState
 from services.dataplane.settings import DataPlaneSettings

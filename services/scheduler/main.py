@@ -25,13 +25,7 @@ import msgspec
 
 from services.common import messages as m
 from services.common import shm, transport
-from services.common.errors import (
-    CANCELLED_TEXT,
-    Code,
-    TriremeError,
-    not_ready_text,
-    unknown_model,
-)
+from services.common.errors import CANCELLED_TEXT, Code, TriremeError, not_ready_text, unknown_model
 from services.common.states import ModelState
 from services.scheduler.batcher import BatcherConfig
 from services.scheduler.dispatch import Instance, Pending, VersionQueue, log_request

@@ -33,12 +33,7 @@ from services.common.datatypes import (
 )
 from services.common.errors import Code, TriremeError, load_failed_text
 from services.common.procutil import die_with_parent, set_title
-from services.common.shm import (
-    DEFAULT_INLINE_THRESHOLD,
-    Arena,
-    SegmentMap,
-    ShmUnavailable,
-)
+from services.common.shm import DEFAULT_INLINE_THRESHOLD, Arena, SegmentMap, ShmUnavailable
 from services.workers.batch_io import BatchIO
 
 if TYPE_CHECKING:

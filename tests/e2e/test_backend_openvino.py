@@ -17,17 +17,18 @@ import pytest
 pytest.importorskip("openvino",
                     reason='OpenVINO is not installed (pip install "trireme[openvino]")')
 
-import tritonclient.grpc as grpcclient  # noqa: E402
-import tritonclient.http as httpclient  # noqa: E402
-from tritonclient.utils import InferenceServerException  # noqa: E402
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
-from protos import model_config_pb2 as mc  # noqa: E402
-from services.common import messages as m  # noqa: E402
-from services.common.config import autocomplete, parse_pbtxt  # noqa: E402
-from services.common.errors import Code, TriremeError  # noqa: E402
-from services.workers.backends.openvino import OpenVINOBackend  # noqa: E402
-from tests import models, models_openvino as mo  # noqa: E402
-from tests.conftest import start_server, wait_models  # noqa: E402
+from protos import model_config_pb2 as mc
+from services.common import messages as m
+from services.common.config import autocomplete, parse_pbtxt
+from services.common.errors import Code, TriremeError
+from services.workers.backends.openvino import OpenVINOBackend
+from tests import models
+from tests import models_openvino as mo
+from tests.conftest import start_server, wait_models
 
 ONE_THREAD = 'parameters { key: "INFERENCE_NUM_THREADS" value { string_value: "1" } }\n'
 GOOD = ("add_sub", "mlp", "types", "padded", "fixed", "strings")

@@ -19,17 +19,17 @@ import pytest
 
 pytest.importorskip("tensorflow", reason="the tensorflow extra is not installed")
 
-import tritonclient.grpc as grpcclient  # noqa: E402
-import tritonclient.http as httpclient  # noqa: E402
-from tritonclient.utils import InferenceServerException  # noqa: E402
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
-from protos import model_config_pb2 as mc  # noqa: E402
-from services.common import config as cfgmod  # noqa: E402
-from services.common.errors import Code, TriremeError  # noqa: E402
-from services.common.messages import LoadModel  # noqa: E402
-from services.workers.backends.base import create_backend  # noqa: E402
-from tests import models, models_tf  # noqa: E402
-from tests.conftest import start_server, wait_models  # noqa: E402
+from protos import model_config_pb2 as mc
+from services.common import config as cfgmod
+from services.common.errors import Code, TriremeError
+from services.common.messages import LoadModel
+from services.workers.backends.base import create_backend
+from tests import models, models_tf
+from tests.conftest import start_server, wait_models
 
 ONE_CPU = "instance_group [{ kind: KIND_CPU, count: 1 }]\n"
 FP32_IN = ('input [{ name: "INPUT0", data_type: TYPE_FP32, dims: [16] },'

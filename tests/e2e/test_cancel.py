@@ -23,10 +23,9 @@ import numpy as np
 import psutil
 import pytest
 import tritonclient.grpc as grpcclient
-from tritonclient.utils import InferenceServerException
-
 from conftest import shm_segments, start_server, wait_until
 from models_python import io_config, python_model
+from tritonclient.utils import InferenceServerException
 
 # Each request carries DATA above half of the frontend's 64 MiB arena segment: an input
 # block that is never freed makes the next pair of requests open a new segment.

@@ -18,9 +18,8 @@ import aiohttp
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
-
 from conftest import start_server
+from tritonclient.utils import InferenceServerException
 
 UNKNOWN_MODEL = "Request for unknown model: 'nope' is not found"
 HEADER_LENGTH = "Inference-Header-Content-Length"

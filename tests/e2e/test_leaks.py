@@ -2,12 +2,11 @@
 processes and shared-memory segments come back to where they were."""
 from __future__ import annotations
 
+import models
 import numpy as np
 import psutil
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-
-import models
 from conftest import shm_segments, start_server, wait_until
 
 CONFIG = "max_batch_size: 8\ninstance_group [{ kind: KIND_CPU, count: 1 }]\n"

@@ -3,13 +3,12 @@ from __future__ import annotations
 
 import shutil
 
+import models
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
-
-import models
 from conftest import start_server, wait_until
+from tritonclient.utils import InferenceServerException
 
 CONFIG = 'max_batch_size: 8\ninstance_group [{ kind: KIND_CPU, count: 1 }]\n'
 

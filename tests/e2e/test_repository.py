@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import glob
 import json
-import tempfile
 import shutil
+import tempfile
 
+import models
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
-
-import models
 from conftest import start_server, wait_settled
+from tritonclient.utils import InferenceServerException
 
 ONE_CPU = "instance_group [{ kind: KIND_CPU, count: 1 }]\n"
 DEADLINE_S = 60.0

@@ -11,15 +11,14 @@ import subprocess
 import tempfile
 import threading
 
+import models
 import numpy as np
 import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-
-import models
-from models_python import python_model
 from conftest import shm_segments, start_server, wait_until
+from models_python import python_model
 
 ONE_CPU = "instance_group [{ kind: KIND_CPU, count: 1 }]\n"
 BIG = 1 << 20   # FP32 elements: a 4 MiB tensor, far above the 128 KiB inline threshold

@@ -7,14 +7,12 @@ import signal
 import subprocess
 import sys
 
+import models
 import numpy as np
 import psutil
+import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-
-import pytest
-
-import models
 from conftest import ROOT, _get, free_port, shm_segments, wait_until
 
 

@@ -17,16 +17,15 @@ import time
 import urllib.error
 import urllib.request
 
+import models
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcclient_aio
 import tritonclient.http as httpclient
 import tritonclient.http.aio as httpclient_aio
-from tritonclient.utils import InferenceServerException
-
-import models
 from conftest import start_server, wait_until
+from tritonclient.utils import InferenceServerException
 
 DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
              "cache_hit", "cache_miss")

@@ -4,13 +4,12 @@ only when the result arrives, and later requests read their own data, not a reus
 from __future__ import annotations
 
 import grpc
+import models
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from tritonclient.utils import InferenceServerException
-
-import models
 from conftest import start_server
+from tritonclient.utils import InferenceServerException
 
 WIDTH = 256
 

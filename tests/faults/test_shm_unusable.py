@@ -2,11 +2,10 @@
 warning; no crash, no failed request."""
 from __future__ import annotations
 
+import models
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-
-import models
 from conftest import start_server
 
 

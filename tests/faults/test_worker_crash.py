@@ -19,14 +19,13 @@ import signal
 import threading
 import time
 
+import models
 import numpy as np
 import psutil
 import pytest
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
-
-import models
 from conftest import shm_segments, start_server, wait_until
+from tritonclient.utils import InferenceServerException
 
 ONE_CPU = "instance_group [{ kind: KIND_CPU, count: 1 }]\n"
 RESTART_DEADLINE_S = 30.0

@@ -33,12 +33,7 @@ from services.common.errors import (
     unrecognized_load_parameter,
     unsupported,
 )
-from services.dataplane.types import (
-    CoreRequest,
-    CoreResponse,
-    InputTensor,
-    RequestedOutput,
-)
+from services.dataplane.types import CoreRequest, CoreResponse, InputTensor, RequestedOutput
 
 __all__ = [
     "decode_infer_request",

@@ -22,12 +22,7 @@ from typing import Any
 import grpc
 
 from protos import grpc_service_pb2 as pb
-from services.common.errors import (
-    REPOSITORY_NAME_UNSUPPORTED,
-    Code,
-    TriremeError,
-    unsupported,
-)
+from services.common.errors import REPOSITORY_NAME_UNSUPPORTED, Code, TriremeError, unsupported
 from services.dataplane.api import DataPlaneAPI
 from services.frontend import stats_codec
 from services.frontend.grpc import codec

@@ -28,18 +28,8 @@ from services.common.datatypes import (
     json_to_buffer,
     numbers_to_buffer,
 )
-from services.common.errors import (
-    TriremeError,
-    internal,
-    invalid_arg,
-    unrecognized_load_parameter,
-)
-from services.dataplane.types import (
-    CoreRequest,
-    CoreResponse,
-    InputTensor,
-    RequestedOutput,
-)
+from services.common.errors import TriremeError, internal, invalid_arg, unrecognized_load_parameter
+from services.dataplane.types import CoreRequest, CoreResponse, InputTensor, RequestedOutput
 
 __all__ = [
     "compress",

@@ -23,13 +23,7 @@ import logging
 import re
 from typing import Any
 
-from services.common.errors import (
-    REPOSITORY_NAME_UNSUPPORTED,
-    Code,
-    TriremeError,
-    invalid_arg,
-    unsupported,
-)
+from services.common.errors import REPOSITORY_NAME_UNSUPPORTED, Code, TriremeError, invalid_arg, unsupported
 from services.dataplane.api import DataPlaneAPI
 from services.frontend import stats_codec
 from services.frontend.http import codec

@@ -29,12 +29,7 @@ from services.common.errors import (
 )
 from services.common.repository import model_file
 from services.workers.backends.base import BackendBase
-from services.workers.backends.common import (
-    all_params,
-    device_unsupported,
-    model_dims,
-    model_inputs,
-)
+from services.workers.backends.common import all_params, device_unsupported, model_dims, model_inputs
 
 # OpenVINO element type name -> API datatype. Triton's set, plus FP64, BF16 and strings, which
 # the CPU plugin runs too.

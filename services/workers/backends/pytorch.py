@@ -180,9 +180,7 @@ def _load_exported(path: str, device: torch.device):
                              "yet; save the program with torch.export.save instead")
     ep = torch.export.load(path)
     if device.type != "cpu":
-        from torch.export.passes import (
-            move_to_device_pass,  # not loaded by `import torch`
-        )
+        from torch.export.passes import move_to_device_pass  # not loaded by `import torch`
         ep = move_to_device_pass(ep, device)
     sig = ep.graph_signature
     nodes = {n.name: n for n in ep.graph.nodes}

@@ -36,13 +36,7 @@ from services.common.errors import (
 )
 from services.common.repository import model_file
 from services.workers.backends.base import BackendBase
-from services.workers.backends.common import (
-    gpu_unavailable,
-    int_value,
-    model_dims,
-    model_inputs,
-    param,
-)
+from services.workers.backends.common import gpu_unavailable, int_value, model_dims, model_inputs, param
 
 log = logging.getLogger(__name__)
 tf.get_logger().setLevel(logging.ERROR)

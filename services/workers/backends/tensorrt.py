@@ -26,10 +26,7 @@ from services.common.datatypes import numpy_dtype
 from services.common.errors import Code, TriremeError, invalid_arg
 from services.common.repository import model_file
 from services.workers.backends.base import BackendBase
-from services.workers.backends.common import (
-    device_unsupported,
-    ignore_read_only_warning,
-)
+from services.workers.backends.common import device_unsupported, ignore_read_only_warning
 
 log = logging.getLogger(__name__)
 

@@ -34,13 +34,7 @@ from typing import Any
 import numpy as np
 
 from services.common.config import config_from_json, config_to_json, normalize
-from services.common.errors import (
-    CANCELLED_TEXT,
-    Code,
-    TriremeError,
-    invalid_arg,
-    load_failed_text,
-)
+from services.common.errors import CANCELLED_TEXT, Code, TriremeError, invalid_arg, load_failed_text
 from services.common.repository import model_file
 from services.common.shm import DEFAULT_INLINE_THRESHOLD
 from services.workers.backends.base import BackendBase

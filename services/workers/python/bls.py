@@ -21,20 +21,11 @@ from typing import Any
 import numpy as np
 
 from services.common import transport
-from services.common.datatypes import (
-    deserialize_bytes_tensor,
-    numpy_dtype,
-    serialize_bytes_tensor,
-)
+from services.common.datatypes import deserialize_bytes_tensor, numpy_dtype, serialize_bytes_tensor
 from services.common.errors import Code, TriremeError
 from services.dataplane.client import DataPlane
 from services.dataplane.settings import DataPlaneSettings
-from services.dataplane.types import (
-    CoreRequest,
-    CoreResponse,
-    InputTensor,
-    RequestedOutput,
-)
+from services.dataplane.types import CoreRequest, CoreResponse, InputTensor, RequestedOutput
 from services.workers.python import pb_utils
 
 START_TIMEOUT_S = 30.0

@@ -11,7 +11,6 @@ import threading
 import time
 
 import pytest
-import zmq
 
 from services.common import transport
 from services.common.transport_stream import _Assembler, frame
@@ -134,7 +133,7 @@ def test_connection_comes_back_after_the_listener_restarts(kind, tmp_path):
         conn.send([b"\x01", b"one"])
         await _until(lambda: len(got) == 1)
         first.close()
-        await _until(lambda: conn._transport is None)   # noqa: SLF001 - the loss was seen
+        await _until(lambda: conn._transport is None)
         second = await transport.listen(address, lambda ident, parts: got.append((ident, _bytes(parts))))
         conn.send([b"\x01", b"two"])
         await _until(lambda: len(got) == 2)
@@ -183,7 +182,7 @@ def test_blocking_recv_ends_when_the_listener_goes(kind, tmp_path):
         address = _address(kind, tmp_path)
         listener = await transport.listen(address, lambda ident, parts: None)
         conn = await asyncio.to_thread(transport.connect_blocking, address, b"w")
-        await _until(lambda: b"w" in listener._peers)   # noqa: SLF001
+        await _until(lambda: b"w" in listener._peers)
         listener.close()
         with pytest.raises(EOFError):
             await asyncio.to_thread(conn.recv)
@@ -234,7 +233,7 @@ def test_malformed_peer_is_dropped_and_others_are_served(tmp_path):
         await asyncio.get_running_loop().sock_connect(bad, f"{tmp_path}/l.sock")
         bad.sendall(b"".join(frame([b"bad"])) + b"\x03\x00\x00\x00zzz")   # size 3 < 4
         await _until(lambda: got == [(b"good", [b"\x01", b"after"])])
-        await _until(lambda: b"bad" not in listener._peers)   # noqa: SLF001
+        await _until(lambda: b"bad" not in listener._peers)
         bad.setblocking(False)
         await _until(lambda: _closed(bad))
         bad.close()

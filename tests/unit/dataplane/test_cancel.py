@@ -12,8 +12,8 @@ from services.common import messages as m
 from services.common import transport
 from services.common.errors import Code
 from services.dataplane.client import DataPlane
-from services.frontend.settings import FrontendSettings
 from services.dataplane.types import CoreRequest, InputTensor
+from services.frontend.settings import FrontendSettings
 
 
 # ------------------------------------------------------------------ frontend Cancel messages

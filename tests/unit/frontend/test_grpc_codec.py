@@ -17,10 +17,10 @@ from google.protobuf.message import DecodeError
 
 from protos import grpc_service_pb2 as pb
 from services.common.errors import Code, TriremeError
+from services.dataplane.types import CoreResponse, OutputTensor
 from services.frontend.grpc import codec
 from services.frontend.grpc.methods import grpc_status, start_grpc
 from services.frontend.settings import FrontendSettings
-from services.dataplane.types import CoreResponse, OutputTensor
 
 
 def framed(*items: bytes) -> bytes:

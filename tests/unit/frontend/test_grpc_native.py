@@ -17,8 +17,8 @@ from hpack import Decoder
 
 from protos import grpc_service_pb2 as pb
 from services.common.errors import Code, TriremeError
-from services.frontend.grpc.methods import start_grpc
 from services.frontend.grpc.h2 import PREFACE, encode_literal_headers, frame_header
+from services.frontend.grpc.methods import start_grpc
 from services.frontend.settings import FrontendSettings
 from tests.unit.frontend.test_grpc_codec import FakeDataPlane, echo_request
 
@@ -70,7 +70,7 @@ class RawClient:
         self.done: dict[int, tuple[dict, bytes, dict]] = {}
 
     @classmethod
-    async def connect(cls, port: int, settings: dict[int, int] | None = None) -> "RawClient":
+    async def connect(cls, port: int, settings: dict[int, int] | None = None) -> RawClient:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         c = cls(reader, writer)
         settings = settings or {4: 2**31 - 1}     # INITIAL_WINDOW_SIZE: never wait for credit

@@ -18,9 +18,9 @@ import numpy as np
 import psutil
 import pytest
 
+from services.dataplane.types import CoreResponse, OutputTensor
 from services.frontend.http.routes import start_http
 from services.frontend.settings import FrontendSettings
-from services.dataplane.types import CoreResponse, OutputTensor
 
 IMPLS = ["native", "aiohttp"]
 LIMIT = 4096

@@ -15,9 +15,20 @@ from services.frontend.http.engine import MAX_QUEUED, NativeHttpServer
 from services.frontend.http.message import Reply
 from services.frontend.http.routes import start_http
 from services.frontend.settings import FrontendSettings
-from tests.unit.frontend.test_http1 import (LIMIT, FakeDataPlane, connect, data_of, infer_body,
-                                   no_other_tasks, post, response, run, server_conns,
-                                   serving, until)
+from tests.unit.frontend.test_http1 import (
+    LIMIT,
+    FakeDataPlane,
+    connect,
+    data_of,
+    infer_body,
+    no_other_tasks,
+    post,
+    response,
+    run,
+    server_conns,
+    serving,
+    until,
+)
 
 
 def test_refused_body_is_skipped_and_the_connection_kept():

@@ -17,9 +17,8 @@ import numpy as np
 import pytest
 
 from services.common.errors import Code, TriremeError
+from services.dataplane.types import CoreRequest, CoreResponse, OutputTensor, RequestedOutput
 from services.frontend.http import codec
-from services.dataplane.types import (CoreRequest, CoreResponse, OutputTensor,
-                                     RequestedOutput)
 
 
 def _body(doc: dict, *tensors: bytes) -> tuple[bytes, int]:

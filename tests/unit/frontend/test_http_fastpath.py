@@ -23,10 +23,10 @@ from aiohttp import web
 
 from services.common import datatypes as dt
 from services.common.errors import TriremeError
-from services.frontend.http import codec
-from services.frontend.http import aiohttp_server as http_server
-from services.frontend.settings import FrontendSettings
 from services.dataplane.types import CoreResponse, OutputTensor
+from services.frontend.http import aiohttp_server as http_server
+from services.frontend.http import codec
+from services.frontend.settings import FrontendSettings
 
 
 def _outcome(fn, *args):

@@ -3,8 +3,6 @@ pb_utils.is_cancelled()."""
 
 from __future__ import annotations
 
-
-
 from services.workers.python import pb_utils
 from services.workers.python.cancel import EARLY_MAX, Cancels
 
