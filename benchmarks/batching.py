@@ -49,8 +49,9 @@ What it does (see docs/benchmarks.md for the latest numbers and how to read them
     sizes 1, 8 and 64 (and at any other "largest batch" seen), run while the server is not
     running: time per batch and per row, the ceiling. The ratio table divides the worker's
     compute_infer per row by the in-process time per row at the same batch size (issue
-    target at batch 64, from the batch-64 requests: within 1.3x). With 2 instances the two workers' 2+2 intra-op threads
-    share the 2 cores, so their per-row compute time is expected to be higher;
+    target at batch 64, from the batch-64 requests: within 1.3x). With 2 instances the two
+    workers' 2+2 intra-op threads share the 2 cores, so their per-row compute time is
+    expected to be higher;
   * CPU taken by other processes during each run (from /proc; runs are flagged
     **contended** above 20% of a core); before each step it waits up to --quiet-wait s
     for the machine to go idle (0 with --quick unless given);

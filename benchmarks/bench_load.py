@@ -179,7 +179,8 @@ WRK_DONE = """
 done = function(summary, latency, requests)
   local e = summary.errors
   io.write(string.format(
-    "BENCH requests=%d duration_us=%d non2xx=%d connect=%d read=%d write=%d timeout=%d p50_us=%d p99_us=%d\\n",
+    "BENCH requests=%d duration_us=%d non2xx=%d connect=%d read=%d write=%d timeout=%d " ..
+    "p50_us=%d p99_us=%d\\n",
     summary.requests, summary.duration, e.status, e.connect, e.read, e.write, e.timeout,
     latency:percentile(50), latency:percentile(99)))
 end
@@ -188,8 +189,8 @@ end
 
 def http_json_body(model: str, x: np.ndarray) -> str:
     data = ",".join(f"{v:.6g}" for v in x.ravel())
-    return ('{"inputs":[{"name":"INPUT0","shape":[%d,%d],"datatype":"FP32","data":[%s]}]}'
-            % (x.shape[0], x.shape[1], data))
+    return (f'{{"inputs":[{{"name":"INPUT0","shape":[{x.shape[0]},{x.shape[1]}],'
+            f'"datatype":"FP32","data":[{data}]}}]}}')
 
 
 def run_wrk(srv: Server, model: str | None, x: np.ndarray | None, tmp: Path, duration: int,

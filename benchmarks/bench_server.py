@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 import models  # noqa: E402  (tests/models.py)
 from conftest import _get as http_status  # noqa: E402  (tests/conftest.py)
-from conftest import free_port, wait_until
+from conftest import free_port, wait_until  # noqa: E402  (tests/conftest.py)
 
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
@@ -64,7 +64,7 @@ def machine_info(frontends: int) -> dict:
     try:
         from importlib.metadata import version
         tc_version = version("tritonclient")
-    except Exception:
+    except Exception:  # noqa: BLE001 - any failure: fall back to the module's own version
         tc_version = getattr(tritonclient, "__version__", "?")
     commit = _cmd_version(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"])
     dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "services"],
@@ -163,7 +163,8 @@ class Server:
     def __init__(self, repo: Path, frontends: int, log_path: Path, cpus: str = "",
                  extra: Sequence[str] = ()) -> None:
         self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
-        self.cmd = [*(["taskset", "-c", cpus] if cpus else []), sys.executable, "-m", "services.cli", "serve", "--model-repository", str(repo),
+        self.cmd = [*(["taskset", "-c", cpus] if cpus else []),
+                    sys.executable, "-m", "services.cli", "serve", "--model-repository", str(repo),
                     "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
                     "--metrics-port", str(self.metrics_port), "--host", "127.0.0.1",
                     "--frontends", str(frontends), *extra]

@@ -51,8 +51,8 @@ def json_body(width: int) -> bytes:
     import numpy as np
     x = np.random.default_rng(1).random((1, width), dtype=np.float32)
     data = ",".join(f"{v:.6g}" for v in x.ravel())
-    return ('{"inputs":[{"name":"INPUT0","shape":[%d,%d],"datatype":"FP32","data":[%s]}]}'
-            % (1, width, data)).encode()
+    return (f'{{"inputs":[{{"name":"INPUT0","shape":[1,{width}],'
+            f'"datatype":"FP32","data":[{data}]}}]}}').encode()
 
 
 def output_bytes(width: int) -> bytes:

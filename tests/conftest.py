@@ -97,8 +97,8 @@ def wait_settled(srv: Server, client, settled, what: str, timeout: float = 60.0)
     of the server log, which say which model did not load and why."""
     try:
         return wait_until(settled, timeout, what)
-    except TimeoutError:
-        raise AssertionError(f"{client.get_model_repository_index()}\n{srv.log()[-4000:]}")
+    except TimeoutError as e:
+        raise AssertionError(f"{client.get_model_repository_index()}\n{srv.log()[-4000:]}") from e
 
 
 def wait_models(srv: Server, ready, unavailable=(), what: str = "models to load or fail",
@@ -124,12 +124,12 @@ def stop_server(srv: Server, timeout: float = 30.0) -> int:
     srv.proc.send_signal(signal.SIGTERM)
     try:
         code = srv.proc.wait(timeout)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as e:
         for pid in family:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         srv.proc.wait()
-        raise AssertionError(f"server did not stop within {timeout} s\n{srv.log()[-4000:]}")
+        raise AssertionError(f"server did not stop within {timeout} s\n{srv.log()[-4000:]}") from e
     wait_until(lambda: not [p for p in family if psutil.pid_exists(p) and
                             psutil.Process(p).status() != psutil.STATUS_ZOMBIE],
                10, "child processes to exit")
@@ -156,8 +156,8 @@ def start_server(repo: Path, *extra: str, ready: bool = True, frontends: int = 1
         try:
             wait_until(lambda: proc.poll() is not None or
                        _get(f"http://{srv.http_url}{want}") == 200, START_TIMEOUT_S, "server start")
-        except TimeoutError:
-            raise AssertionError(f"server not {want}:\n{srv.log()[-4000:]}")
+        except TimeoutError as e:
+            raise AssertionError(f"server not {want}:\n{srv.log()[-4000:]}") from e
         if proc.poll() is not None:
             raise AssertionError(f"server exited with {proc.returncode}:\n{srv.log()[-4000:]}")
         yield srv

@@ -11,7 +11,9 @@ def validate_batch_io(cfg: mc.ModelConfig) -> None:
     """Triton's ValidateBatchIO (texts and " for <model>" included), plus what Triton leaves
     to fail later: a target input named twice, or named like a model input."""
     sfx, inputs = f" for {cfg.name}", {io.name for io in cfg.input}
-    outputs, inputs_seen, outputs_seen = {io.name for io in cfg.output}, set(), set()
+    outputs = {io.name for io in cfg.output}
+    inputs_seen: set[str] = set()
+    outputs_seen: set[str] = set()
     for kinds, ios, what in ((mc.BatchInput.Kind, cfg.batch_input, "input"),
                              (mc.BatchOutput.Kind, cfg.batch_output, "output")):
         for b in ios:

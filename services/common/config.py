@@ -84,7 +84,7 @@ def load_config(model_dir: Path, config_name: str | None = None) -> mc.ModelConf
 # ---------------------------------------------------------------------- auto-complete
 # Triton's order after TensorFlow: (backend, platform it implies, default file, platforms that
 # select it, whether the file must be a dir (None: either)).
-_RULES = (
+_RULES: tuple[tuple[str, str, str, set[str], bool | None], ...] = (
     ("tensorrt", TRT_PLAN, TRT_FILE, {TRT_PLAN}, False),
     ("onnxruntime", ORT_ONNX, ORT_FILE, {ORT_ONNX}, None),  # a dir holds a large model
     ("openvino", "", OV_FILE, set(), None),
@@ -241,7 +241,8 @@ def _check_io(kind: str, name: str, cfg: mc.ModelConfig, io, shape: Sequence[int
     if kind == "input" and io.allow_ragged_batch:  # the model takes one flat run of elements
         pre = f"unable to load model '{name}', configuration expects model provides input with shape [-1]"
         if io.optional:
-            raise invalid_arg(f"{pre} for ragged input '{io.name}', which is not supported for optional input")
+            raise invalid_arg(f"{pre} for ragged input '{io.name}', "
+                              "which is not supported for optional input")
         if list(shape) != [-1]:  # (Triton's text has the double space)
             raise invalid_arg(f"{pre}  for ragged input '{io.name}', model provides {_fmt(shape)}")
         return
@@ -396,7 +397,8 @@ def validate(cfg: mc.ModelConfig, *, require_io: bool = True) -> None:
     if not cfg.backend and cfg.platform != ENSEMBLE:
         raise invalid_arg(f"unexpected platform type '{cfg.platform}' for {n}")
     if cfg.backend and cfg.platform == ENSEMBLE:
-        raise invalid_arg(f"Ensemble model '{n}' must have platform type '{cfg.platform}' and empty backend type")
+        raise invalid_arg(f"Ensemble model '{n}' must have platform type '{cfg.platform}' "
+                          "and empty backend type")
     if cfg.backend in _TYPED_BACKENDS and _PLATFORM_BACKEND.get(cfg.platform) != cfg.backend:
         raise invalid_arg(f"unexpected 'platform' and 'backend' pair, got:{cfg.platform}, {cfg.backend}")
     if cfg.max_batch_size < 0:
@@ -421,7 +423,8 @@ def validate(cfg: mc.ModelConfig, *, require_io: bool = True) -> None:
                          "scheduler. Please disable the response cache.")
     if cfg.HasField("ensemble_scheduling"):
         if cfg.platform != ENSEMBLE:
-            raise invalid_arg(f"ensemble scheduling cannot be set for model '{n}' whose platform is not {ENSEMBLE}")
+            raise invalid_arg(f"ensemble scheduling cannot be set for model '{n}' "
+                              f"whose platform is not {ENSEMBLE}")
         if cfg.instance_group:
             raise invalid_arg(f"instance group should not be specified for ensemble '{n}'")
         if not cfg.ensemble_scheduling.step:

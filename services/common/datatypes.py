@@ -15,7 +15,7 @@ import struct
 import sys
 from collections.abc import Iterable, Sequence
 from itertools import chain
-from typing import Any
+from typing import Any, Literal
 
 import ml_dtypes
 import numpy as np
@@ -281,7 +281,9 @@ def json_to_buffer(name: str, datatype: str, shape: Sequence[int], data: Any) ->
 
 # struct codes of the datatypes numbers_to_buffer packs directly ("<": little-endian, no
 # padding). The range checks of struct are the datatypes' own: a value out of range fails.
-_PACK_CODES: dict[str, str] = {
+# struct/memoryview format codes (a Literal: memoryview.cast's stub accepts no plain str)
+_Code = Literal["b", "h", "i", "q", "B", "H", "I", "Q", "f", "d"]
+_PACK_CODES: dict[str, _Code] = {
     "INT8": "b", "INT16": "h", "INT32": "i", "INT64": "q",
     "UINT8": "B", "UINT16": "H", "UINT32": "I", "UINT64": "Q", "FP32": "f", "FP64": "d",
 }
@@ -337,7 +339,7 @@ def _dense_view(datatype: str, shape: Sequence[int], buf: Any) -> np.ndarray:
 
 
 # memoryview formats whose tolist() gives what numpy's does (BOOL, FP16, BF16: numpy).
-_VIEW_CODES: dict[str, tuple[str, int]] = {
+_VIEW_CODES: dict[str, tuple[_Code, int]] = {
     dt: (c, _NUMPY[dt].itemsize) for dt, c in _PACK_CODES.items()} if _LITTLE else {}
 
 

@@ -96,7 +96,8 @@ def expects_datatype_text(model: str, kind: str, name: str, expected: str, provi
 
 
 def expects_inputs_text(model: str, expected: int, provided: int | str) -> str:
-    return f"unable to load model '{model}', configuration expects {expected} inputs, model provides {provided}"
+    return (f"unable to load model '{model}', configuration expects {expected} inputs, "
+            f"model provides {provided}")
 
 
 def unexpected_io_text(kind: str, name: str, allowed: Iterable[str]) -> str:

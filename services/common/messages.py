@@ -212,7 +212,8 @@ class Index(_Msg):
     entries: list[IndexEntry]
 
 
-class Duration(_Msg, frozen=True):
+# msgspec lets a frozen Struct subclass a non-frozen one; mypy applies the dataclass rule
+class Duration(_Msg, frozen=True):  # type: ignore[misc]
     count: int = 0
     ns: int = 0
 
@@ -357,7 +358,7 @@ class BatchDone(_Msg):
 
 
 # ---------------------------------------------------------------- encoding
-_KIND_OF: dict[type, Kind] = {
+_KIND_OF: dict[type[_Msg], Kind] = {
     FrontendHello: Kind.FRONTEND_HELLO,
     InferRequest: Kind.INFER_REQUEST,
     InferRequests: Kind.INFER_REQUESTS,
@@ -390,7 +391,8 @@ _KIND_BYTES = {cls: bytes([k]) for cls, k in _KIND_OF.items()}
 _KIND_BYTES[ReleaseOutputs] = bytes([Kind.RELEASE_BLOCKS])
 
 _encoder = msgspec.msgpack.Encoder()
-_DECODERS = {k: msgspec.msgpack.Decoder(cls) for cls, k in _KIND_OF.items()}
+_DECODERS: dict[int, msgspec.msgpack.Decoder[_Msg]] = {
+    k: msgspec.msgpack.Decoder(cls) for cls, k in _KIND_OF.items()}
 _WORKER_DECODERS = dict(_DECODERS)
 _WORKER_DECODERS[Kind.RELEASE_BLOCKS] = msgspec.msgpack.Decoder(ReleaseOutputs)
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+from types import ModuleType
 
+_spt: ModuleType | None
 try:
     import setproctitle as _spt
 except ImportError:  # titles are a convenience, never a requirement

@@ -13,8 +13,12 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from services.common.errors import invalid_arg
+
+if TYPE_CHECKING:
+    from protos import model_config_pb2 as mc
 
 log = logging.getLogger(__name__)
 
@@ -106,12 +110,12 @@ def available_versions(model_dir: Path) -> list[int]:
     return sorted(versions)
 
 
-def select_versions(cfg, available: list[int]) -> list[int]:
+def select_versions(cfg: mc.ModelConfig, available: list[int]) -> list[int]:
     """Versions to serve under cfg.version_policy (default latest 1), ascending.
     Specific versions that have no folder are skipped (logged), as Triton does."""
     have = sorted(set(available))
-    policy = cfg.version_policy if cfg.HasField("version_policy") else None
-    which = policy.WhichOneof("policy_choice") if policy is not None else None
+    policy = cfg.version_policy
+    which = policy.WhichOneof("policy_choice") if cfg.HasField("version_policy") else None
     if which == "specific":
         chosen = []
         for v in policy.specific.versions:

@@ -34,8 +34,8 @@ _counter = itertools.count()  # per process, so two arenas of one role never col
 
 
 # Below this many bytes a tensor travels inline as a ZeroMQ frame; above it, through shared
-# memory. Measured with benchmarks/inline_threshold.py (docs/benchmarks.md): inline wins up
-# to ~96 KiB, the two tie up to ~192 KiB, shared memory wins above (2x at 1 MiB, 4x at 4 MiB).
+# memory: the crossover measured by benchmarks/inline_threshold.py (figures in
+# docs/benchmarks.md, "Figures behind design choices").
 DEFAULT_INLINE_THRESHOLD = 128 * 1024
 
 

@@ -1,9 +1,9 @@
 """Multipart messages over plain stream sockets (Unix or TCP), read on the event loop.
 
 Why not ZeroMQ on the request path: a ZeroMQ message wakes four threads (the sender, both
-I/O threads, the receiver). On the 2-core VM we measure on that is 180-265 us per round trip
-against 16-74 us for a Unix stream socket (benchmarks/transport_rtt.py), and a request
-crosses three hops. Here the kernel wakes the receiver directly.
+I/O threads, the receiver), which costs several times a Unix stream socket's round trip
+(benchmarks/transport_rtt.py; docs/benchmarks.md, "Figures behind design choices"), and a
+request crosses three hops. Here the kernel wakes the receiver directly.
 
 Wire format, per message:  u32 size | u32 nparts | nparts x u32 length | the parts' bytes
 (little endian; size counts everything after itself). The first message on every
@@ -17,6 +17,7 @@ them (tensor frames) without a copy.
 from __future__ import annotations
 
 import asyncio
+import io
 import itertools
 import logging
 import os
@@ -25,7 +26,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 log = logging.getLogger(__name__)
 
@@ -99,24 +100,26 @@ class _Assembler:
                 self._start(unpack(view, pos)[0])
                 self._continue(view[pos + 4:])
 
-    def _start(self, size: int) -> None:
+    def _start(self, size: int) -> bytearray:
         if size < 4 or size > _MAX_MESSAGE:
             raise FramingError(f"bad message size {size}")
-        self._body, self._filled = bytearray(size), 0
+        body = self._body = bytearray(size)
+        self._filled = 0
+        return body
 
     def _continue(self, view: memoryview) -> int:
         """Feed the message in progress; the offset in ``view`` after it, or -1 when all
         of ``view`` went into it."""
         pos = 0
-        if self._body is None:
+        body = self._body
+        if body is None:
             need = 4 - len(self._head)
             self._head += bytes(view[:need])
             if len(self._head) < 4:
                 return -1
             pos = need
-            self._start(_U32.unpack(self._head)[0])
+            body = self._start(_U32.unpack(self._head)[0])
             self._head = b""
-        body = self._body
         take = min(len(body) - self._filled, len(view) - pos)
         body[self._filled:self._filled + take] = view[pos:pos + take]
         self._filled += take
@@ -209,6 +212,7 @@ class _PeerProtocol(asyncio.Protocol):
             self.assembler.feed(data)
         except FramingError as e:
             log.error("dropping a connection that sent a malformed message: %s", e)
+            assert self.transport is not None   # set by connection_made, before any data
             self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -268,6 +272,8 @@ class _ClientProtocol(asyncio.Protocol):
             self.assembler.feed(data)
         except FramingError as e:
             log.error("malformed message from %s: %s", self.conn.address, e)
+            # set once connected; the peer sends nothing before our identity, written after
+            assert self.conn._transport is not None
             self.conn._transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -347,7 +353,8 @@ class BlockingConnection:
         self._lock = threading.Lock()
         self.sock = self._connect(family, sockaddr, timeout)
         _tune(self.sock)
-        self._reader = self.sock.makefile("rb", buffering=1 << 16)
+        # makefile's stub says IOBase for an int buffering; "rb" with a buffer is a BufferedReader
+        self._reader = cast(io.BufferedReader, self.sock.makefile("rb", buffering=1 << 16))
         self.send([identity])
 
     @staticmethod

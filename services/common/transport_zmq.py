@@ -9,6 +9,7 @@ re-armed with a drain on the next loop iteration (``_kick``).
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import threading
@@ -19,14 +20,14 @@ import zmq
 
 log = logging.getLogger(__name__)
 
-# Plain ints: pyzmq's enum.Flag arithmetic costs ~1 us per use on the hot path.
+# Plain ints: pyzmq's enum.Flag arithmetic is a Python call per use on the hot path.
 _EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
 
 _HWM = 0  # no high-water mark: back-pressure is the scheduler's queue policy, not dropped frames
 
 
 def _socket(kind: int, identity: bytes = b"") -> zmq.Socket:
-    s = zmq.Context.instance().socket(kind)
+    s: zmq.Socket = zmq.Context.instance().socket(kind)
     s.setsockopt(zmq.LINGER, 0)
     s.setsockopt(zmq.SNDHWM, _HWM)
     s.setsockopt(zmq.RCVHWM, _HWM)
@@ -46,7 +47,7 @@ class _Driven:
     def _watch(self) -> None:
         self.loop = asyncio.get_running_loop()
         self._kicked = False
-        self.loop.add_reader(self.sock.getsockopt(zmq.FD), self._drain)
+        self.loop.add_reader(self.sock.fileno(), self._drain)  # fileno(): getsockopt(zmq.FD)
         self._kick()
 
     def _kick(self) -> None:
@@ -59,7 +60,9 @@ class _Driven:
         sock = self.sock
         if sock.closed:
             return
-        while sock.getsockopt(_EVENTS) & _POLLIN:
+        # EVENTS is an int option; pyzmq's stub types every getsockopt int | bytes, and a
+        # cast() here would cost a call per message
+        while sock.getsockopt(_EVENTS) & _POLLIN:  # type: ignore[operator]
             try:
                 parts = sock.recv_multipart(_NOBLOCK, copy=False)
             except zmq.Again:
@@ -75,8 +78,8 @@ class _Driven:
     def close(self) -> None:
         if not self.sock.closed:
             try:
-                self.loop.remove_reader(self.sock.getsockopt(zmq.FD))
-            except Exception:
+                self.loop.remove_reader(self.sock.fileno())
+            except Exception:  # noqa: BLE001 - best effort on close: the socket goes either way
                 pass
             self.sock.close(0)
 
@@ -150,7 +153,7 @@ class BlockingConnection:
             try:
                 return [f.buffer for f in self.sock.recv_multipart(copy=False)]
             except zmq.ZMQError as e:
-                if e.errno != zmq.EINTR:
+                if e.errno != errno.EINTR:
                     raise
 
     def close(self) -> None:

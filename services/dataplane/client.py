@@ -17,7 +17,7 @@ import itertools
 import json
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from services.common import messages as m
@@ -40,7 +40,8 @@ class DataPlane:
         self.settings = settings
         self.pid = os.getpid()
         self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future] = {}
+        # req_id or ctl_id -> who waits: a Future, or a Queue for a stream's responses
+        self._pending: dict[int, asyncio.Future | asyncio.Queue] = {}
         self._abandoned: dict[int, list[Any]] = {}    # req_id -> input blocks of a gone caller
         self._models: dict[str, m.ModelInfo] = {}
         self._configs: dict[str, dict] = {}
@@ -67,7 +68,7 @@ class DataPlane:
     def close(self) -> None:
         gone = m.InferResult(0, error=m.ErrorRecord(int(Code.UNAVAILABLE), "server is shutting down"))
         for waiter in self._pending.values():
-            if type(waiter) is asyncio.Queue:
+            if isinstance(waiter, asyncio.Queue):
                 waiter.put_nowait((gone, []))
             elif not waiter.done():
                 waiter.set_exception(TriremeError(Code.UNAVAILABLE, "server is shutting down"))
@@ -77,7 +78,7 @@ class DataPlane:
         if self._arena is not None:
             self._arena.close()
 
-    def _send(self, msg: Any, frames: list[Any] = ()) -> None:
+    def _send(self, msg: Any, frames: Sequence[Any] = ()) -> None:
         self._sched.send(m.encode(msg, frames))
 
     def _on_result(self, identity: bytes, parts: list[Any]) -> None:
@@ -93,8 +94,8 @@ class DataPlane:
                 else:
                     self._deliver(r, frames)
         elif isinstance(msg, (m.ModelInfo, m.Index, m.ControlDone, m.Stats)):
-            fut = self._pending.pop(msg.ctl_id, None)
-            if fut is not None and not fut.done():
+            fut = self._pending.pop(msg.ctl_id, None)   # (_call put a Future there)
+            if isinstance(fut, asyncio.Future) and not fut.done():
                 fut.set_result(msg)
         elif isinstance(msg, m.RepositoryChanged):
             self._generation += 1
@@ -161,8 +162,10 @@ class DataPlane:
             return
         if waiter is not None:
             del self._pending[msg.req_id]
-            if not waiter.done():
-                waiter.set_result((msg, frames))
+            # a Future: the Queue returned above; mypy narrows `type(x) is` on its true branch
+            # only, and an isinstance() would cost every response a little
+            if not waiter.done():  # type: ignore[union-attr]
+                waiter.set_result((msg, frames))  # type: ignore[union-attr]
                 return
         self._drop(msg, frames)
 
@@ -364,6 +367,7 @@ class DataPlane:
                 nbytes = len(t.data) if not isinstance(t.data, memoryview) else t.data.nbytes
                 ref = m.TensorRef(t.name, t.datatype, list(t.shape), nbytes)
                 if nbytes >= self.settings.inline_threshold and self._shm_ok:
+                    assert self._arena is not None     # _shm_ok says so
                     try:
                         block = self._arena.alloc(nbytes)
                         block.view[:] = t.data

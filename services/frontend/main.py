@@ -95,7 +95,8 @@ def _bool(v: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got '{v}'")
 
 
-def settings_from_args(args: argparse.Namespace, scheduler_addr: str, result_addr: str = "") -> FrontendSettings:
+def settings_from_args(args: argparse.Namespace, scheduler_addr: str,
+                       result_addr: str = "") -> FrontendSettings:
     return FrontendSettings(
         scheduler_addr=scheduler_addr, result_addr=result_addr, host=args.host,
         http_port=args.http_port, grpc_port=args.grpc_port, allow_http=args.allow_http,

@@ -25,7 +25,7 @@ Without dynamic_batching every request is its own execution, in arrival order.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -188,6 +188,7 @@ class Batcher:
     def _signature(self, shapes: dict[str, list[int]] | None,
                    contents: dict[str, bytes] | None = None) -> Any:
         shapes = shapes or {}
+        sig: tuple[object, ...]
         if not self.shape_tensors:
             sig = tuple((n, tuple(shapes[n][1:])) for n in sorted(self.config.equal_shape_inputs)
                         if n in shapes)
@@ -196,7 +197,7 @@ class Batcher:
             # batch dimension) and must hold the same values. Its bytes are compared whole;
             # Triton's strncmp would stop at the first zero byte.
             contents = contents or {}
-            parts = []
+            parts: list[tuple[object, ...]] = []
             for n in sorted(self.config.equal_shape_inputs):
                 if n not in shapes:
                     continue
@@ -241,7 +242,8 @@ class Batcher:
             if q:
                 return
 
-    def _walk(self, now_ns: int, rejected: list[Any]) -> Iterator[tuple[collections.deque, Entry]]:
+    def _walk(self, now_ns: int,
+              rejected: list[Any]) -> Generator[tuple[collections.deque, Entry], None, None]:
         """Queued entries in batching order, applying each level's timeout policy on the way."""
         for level in self.levels:
             q = level.main
@@ -308,6 +310,7 @@ class Batcher:
         walk.close()
         if not pending:
             return Decision([], rejected, None)
+        assert oldest is not None           # set with the first pending entry
         delay = c.max_queue_delay_ns
         age = now_ns - oldest
         exceeded = delay != 0 and age >= delay

@@ -101,7 +101,8 @@ class ModelManager:
                  limiter: Any = None, restart_backoff_s: float = RESTART_BACKOFF_S) -> None:
         self.repositories = repositories
         self.models: dict[str, ModelEntry] = {}
-        self.spawn_instance = spawn_instance      # async (Instance, config bytes, model_dir, autocomplete) -> mc.ModelConfig
+        # async (Instance, config bytes, model_dir, autocomplete) -> mc.ModelConfig
+        self.spawn_instance = spawn_instance
         self.stop_instance = stop_instance        # async (Instance) -> None
         self.make_queue = make_queue              # (model, version, completed config) -> VersionQueue
         self.changed = changed
@@ -168,18 +169,19 @@ class ModelManager:
             raise TriremeError(Code.INVALID_ARG, f"failed to load '{name}', failed to poll from "
                                                  "model repository")
         # (old.path is the override dir when the model was last loaded from "file:" parameters)
-        new = ModelEntry(name, src.path, fingerprint=repo.fingerprint(src.path))
+        model_dir = src.path                # new.path, as a Path that is never None
+        new = ModelEntry(name, model_dir, fingerprint=repo.fingerprint(src.path))
         old.fingerprint = new.fingerprint   # a failed load is retried only when files change
         try:
             if files:   # Triton's override model directory: these files, not the repository's
-                new.path = new.override_dir = _write_override(name, files)
+                model_dir = new.path = new.override_dir = _write_override(name, files)
             cfg = override if override is not None else cfgmod.load_config(src.path, self.config_name)
             if not self.disable_autocomplete:
-                cfg = cfgmod.autocomplete(cfg, new.path, name)
+                cfg = cfgmod.autocomplete(cfg, model_dir, name)
             elif not cfg.name:
                 cfg.name = name
             cfgmod.validate(cfg, require_io=False)
-            versions = repo.select_versions(cfg, repo.available_versions(new.path))
+            versions = repo.select_versions(cfg, repo.available_versions(model_dir))
         except TriremeError as e:
             _drop_override(new)
             self._set_failed(old, e.message)
@@ -206,7 +208,7 @@ class ModelManager:
         finally:
             self._starting.remove(new)
         new.config = cfg
-        for v, vs in new.versions.items():
+        for _v, vs in new.versions.items():
             vs.state = READY
         previous = self.models.get(name)
         self.models[name] = new
@@ -264,7 +266,9 @@ class ModelManager:
         for v in versions:
             entry.versions[v].queue = self.make_queue(entry.name, v, completed)
         for inst in entry.instances:
-            entry.versions[inst.version].queue.add_instance(inst)
+            queue = entry.versions[inst.version].queue
+            assert queue is not None        # set just above for every version
+            queue.add_instance(inst)
         return completed
 
     async def unload(self, name: str) -> None:
@@ -319,7 +323,7 @@ class ModelManager:
         for name, src in sorted(sources.items()):
             e = self.models.get(name)
             loaded = e is not None and (e.versions or e.state == UNAVAILABLE)
-            if loaded and e.fingerprint == repo.fingerprint(src.path):
+            if e is not None and loaded and e.fingerprint == repo.fingerprint(src.path):
                 continue
             try:
                 await self.load(name)

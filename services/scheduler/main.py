@@ -17,6 +17,7 @@ import itertools
 import logging
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,7 +138,7 @@ class Scheduler:
         self.wsock.close()
 
     # ------------------------------------------------------------------ frontends
-    def _send_frontend(self, identity: bytes, msg: Any, frames: list[Any] = ()) -> None:
+    def _send_frontend(self, identity: bytes, msg: Any, frames: Sequence[Any] = ()) -> None:
         if not self.fsock.send(identity, m.encode(msg, frames)):   # that frontend is gone
             (log.debug if self._stopping else log.warning)("cannot reach frontend %r", identity)
             self.frontends.discard(identity)
@@ -265,7 +266,7 @@ class Scheduler:
         entry = self.models.models.get(msg.model)
         vs = entry.ready_version(msg.version) if entry is not None else None
         err = None
-        if vs is None:
+        if entry is None or vs is None:
             err = m.ErrorRecord(int(Code.UNAVAILABLE), f"'{msg.model}' is not ready")
         else:
             loop = asyncio.get_running_loop()
@@ -310,7 +311,7 @@ class Scheduler:
         self._send_frontend(identity, m.ControlDone(msg.ctl_id, err))
 
     # ------------------------------------------------------------------ workers
-    def _send_worker(self, worker_id: str, msg: Any, frames: list[Any] = ()) -> bool:
+    def _send_worker(self, worker_id: str, msg: Any, frames: Sequence[Any] = ()) -> bool:
         if self.wsock.send(worker_id.encode(), m.encode(msg, frames)):
             return True
         log.warning("cannot reach worker %s", worker_id)

@@ -21,8 +21,8 @@ from services.scheduler.stats import BATCH_BUCKETS, StatsRegistry, VersionStats
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _US = 1000
-# name -> (type, help, value of one VersionStats), in exposition order
-COUNTERS: dict[str, tuple[str, str, object]] = {
+# name -> (type, help, value of one VersionStats; None: the failures), in exposition order
+COUNTERS: dict[str, tuple[str, str, Callable[[VersionStats], int] | None]] = {
     "nv_inference_request_success": (
         "counter", "Number of successful inference requests, all batch sizes",
         lambda s: s.success[0]),
@@ -47,7 +47,8 @@ COUNTERS: dict[str, tuple[str, str, object]] = {
         "counter", "Cumulative compute inference duration in microseconds (does not include cached requests)",
         lambda s: s.compute_infer[1] // _US),
     "nv_inference_compute_output_duration_us": (
-        "counter", "Cumulative inference compute output duration in microseconds (does not include cached requests)",
+        "counter",
+        "Cumulative inference compute output duration in microseconds (does not include cached requests)",
         lambda s: s.compute_output[1] // _US),
     "nv_inference_pending_request_count": (
         "gauge", "Instantaneous number of pending requests awaiting execution per-model.",

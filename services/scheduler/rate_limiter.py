@@ -115,7 +115,7 @@ class RateLimiter:
         """The idle instance to run next, or None; a queue left waiting is pumped again when
         resources come back."""
         best = None
-        best_score = None
+        best_score = 0        # read only once best is set
         for inst in idle:
             if not self._fits(inst):
                 continue

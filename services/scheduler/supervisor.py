@@ -61,6 +61,7 @@ class ProcessHandle:
 
     def signal(self, sig: int = signal.SIGTERM) -> None:
         if self.alive():
+            assert self.proc is not None    # alive() says so
             try:
                 self.proc.send_signal(sig)
             except ProcessLookupError:
@@ -76,6 +77,7 @@ class ProcessHandle:
             if self._waiter:
                 await self._waiter
             return
+        assert self._waiter is not None     # start() sets it along with proc
         self.signal(signal.SIGTERM)
         try:
             await asyncio.wait_for(asyncio.shield(self._waiter), timeout)

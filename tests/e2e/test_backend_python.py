@@ -65,7 +65,8 @@ def test_initialize_args_request_id_parameters_zero_copy(client, server):
     assert sorted(args) == ["model_config", "model_instance_device_id", "model_instance_kind",
                             "model_instance_name", "model_name", "model_repository", "model_version"]
     assert (args["model_name"], args["model_version"], args["model_instance_kind"],
-            args["model_instance_name"], args["model_instance_device_id"]) == ("args", "1", "CPU", "args_0_0", "0")
+            args["model_instance_name"], args["model_instance_device_id"]) == \
+        ("args", "1", "CPU", "args_0_0", "0")
     assert args["model_repository"].endswith("/models/args")
     assert json.loads(args["model_config"])["input"][0]["data_type"] == "TYPE_INT32"
 

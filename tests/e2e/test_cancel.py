@@ -352,7 +352,7 @@ def test_decoupled_model_stops_when_its_stream_is_cancelled(srv):
     client = grpcclient.InferenceServerClient(srv.grpc_url)
     for n, tag in enumerate((9, 10), 1):           # and the next stream works as well
         stream_ticker(client, tag, 3)
-        wait_until(lambda: len((d / "stopped").read_text().splitlines()) == n
+        wait_until(lambda n=n: len((d / "stopped").read_text().splitlines()) == n
                    if (d / "stopped").exists() else False, WAIT_S, f"stream {tag} to stop")
         logged_tag, sent, cancelled = (d / "stopped").read_text().splitlines()[-1].split()
         assert (logged_tag, cancelled) == (str(tag), "True") and 3 <= int(sent) < 20000

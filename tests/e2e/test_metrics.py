@@ -23,7 +23,8 @@ def scrape(server) -> dict[str, float]:
 def test_counters_follow_requests_with_triton_names(server):
     client = httpclient.InferenceServerClient(server.http_url)
     x = np.ones((3, 16), np.float32)
-    inputs = [httpclient.InferInput("INPUT0", [3, 16], "FP32"), httpclient.InferInput("INPUT1", [3, 16], "FP32")]
+    inputs = [httpclient.InferInput("INPUT0", [3, 16], "FP32"),
+              httpclient.InferInput("INPUT1", [3, 16], "FP32")]
     for i in inputs:
         i.set_data_from_numpy(x)
     before = scrape(server)

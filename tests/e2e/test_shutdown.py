@@ -81,8 +81,8 @@ def signal_and_check(srv, sig: int, family: set[int] | None = None, *, traceback
     srv.proc.send_signal(sig)
     try:
         code = srv.proc.wait(30)
-    except subprocess.TimeoutExpired:
-        raise AssertionError(f"no exit 30 s after {signal.Signals(sig).name}\n{srv.log()[-4000:]}")
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"no exit 30 s after {signal.Signals(sig).name}\n{srv.log()[-4000:]}") from e
     assert code == 0, srv.log()[-4000:]
     # the scheduler reaps what it started before it exits: no orphan outlives it
     assert not alive(family - {srv.proc.pid}), (alive(family), srv.log()[-4000:])

@@ -39,7 +39,8 @@ def test_scheduler_and_frontend_over_tcp_without_shm(tmp_path, wire):
     try:
         wait_until(lambda: _get(f"http://127.0.0.1:{http}/v2/health/ready") == 200, 60, "ready")
         pids |= {c.pid for c in psutil.Process(sched.pid).children(recursive=True)}
-        big = np.random.default_rng(0).random((1, 1 << 18), dtype=np.float32)  # 1 MiB: above the inline threshold
+        # 1 MiB: above the inline threshold
+        big = np.random.default_rng(0).random((1, 1 << 18), dtype=np.float32)
         for client_mod, url in ((httpclient, f"127.0.0.1:{http}"), (grpcclient, f"127.0.0.1:{grpc_}")):
             client = client_mod.InferenceServerClient(url)
             inp = client_mod.InferInput("INPUT0", list(big.shape), "FP32")

@@ -89,7 +89,8 @@ def identity(client, x: np.ndarray, model: str = "victim") -> np.ndarray:
 def add_sub(client) -> None:
     a = np.full((1, 16), 2, np.float32)
     b = np.ones((1, 16), np.float32)
-    inputs = [httpclient.InferInput("INPUT0", [1, 16], "FP32"), httpclient.InferInput("INPUT1", [1, 16], "FP32")]
+    inputs = [httpclient.InferInput("INPUT0", [1, 16], "FP32"),
+              httpclient.InferInput("INPUT1", [1, 16], "FP32")]
     inputs[0].set_data_from_numpy(a)
     inputs[1].set_data_from_numpy(b)
     res = client.infer("bystander", inputs)

@@ -41,5 +41,5 @@ async def start_aio(methods: dict[str, RpcMethod], settings: FrontendSettings) -
     if port == 0:
         raise socket_in_use(where)
     await server.start()
-    server.trireme_port = port  # type: ignore[attr-defined]
+    server.trireme_port = port
     return server

@@ -224,7 +224,7 @@ def _check_shm_params(name: str, params: Mapping[str, pb.InferParameter]) -> boo
     """Validate shared_memory_* tensor parameters; True when the tensor uses one."""
     region = params.get("shared_memory_region")
     has_shm = region is not None
-    if has_shm and region.WhichOneof("parameter_choice") != "string_param":
+    if region is not None and region.WhichOneof("parameter_choice") != "string_param":
         raise invalid_arg(f"invalid value type for 'shared_memory_region' parameter for "
                           f"tensor '{name}', expected string_param.")
     for key in ("shared_memory_offset", "shared_memory_byte_size"):

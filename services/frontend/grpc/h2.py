@@ -1,10 +1,10 @@
 """A server-side HTTP/2 connection (RFC 9113) on the asyncio loop, sized for gRPC.
 
 Why not grpc.aio: it hands every call between grpc core's threads and the event loop
-(eventfd writes, futexes) and costs ~350 µs of CPU per trivial RPC on this class of machine;
-a frame parser on the loop itself costs a few tens of µs. Only what a gRPC server needs is
-here: prior-knowledge h2c, HEADERS/CONTINUATION (HPACK decoding by the `hpack` package),
-DATA with flow control both ways, SETTINGS, PING, WINDOW_UPDATE, RST_STREAM, GOAWAY. No
+(eventfd writes, futexes), several times the CPU per trivial RPC of a frame parser on the
+loop itself (docs/benchmarks.md, "Figures behind design choices"). Only what a gRPC server
+needs is here: prior-knowledge h2c, HEADERS/CONTINUATION (HPACK decoding by the `hpack`
+package), DATA with flow control both ways, SETTINGS, PING, WINDOW_UPDATE, RST_STREAM, GOAWAY. No
 server push, no priorities (PRIORITY frames are read and ignored).
 
 The application gets one object per stream from ``open_stream(conn, stream_id, headers)``
@@ -19,7 +19,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from hpack import Decoder
 from hpack.exceptions import HPACKError
@@ -147,11 +147,12 @@ class H2Connection(asyncio.Protocol):
         if self._on_close is not None:
             self._on_close(self)
 
-    def data_received(self, data: bytes) -> None:
+    def data_received(self, data: bytes | memoryview) -> None:
         if self._data_left:
-            data = self._continue_data(data)  # type: ignore[assignment]
-            if data is None:
+            rest = self._continue_data(data)
+            if rest is None:
                 return
+            data = rest
         if self._buf:
             self._buf += data
             if len(self._buf) < self._need:
@@ -169,7 +170,7 @@ class H2Connection(asyncio.Protocol):
         if rest is not None:
             self._buf += rest
 
-    def _continue_data(self, data: Any) -> Any:
+    def _continue_data(self, data: bytes | memoryview) -> memoryview | None:
         """The next piece of a large DATA frame's payload goes straight to its stream (a
         4 MiB tensor is not gathered here first); returns what follows the frame, if any."""
         take = min(len(data), self._data_left)
@@ -181,7 +182,7 @@ class H2Connection(asyncio.Protocol):
         return memoryview(data)[take:]
 
     # -- parsing ----------------------------------------------------------------------------
-    def _parse(self, data: bytes) -> memoryview | None:
+    def _parse(self, data: bytes | memoryview) -> memoryview | None:
         """Handle every complete frame in ``data``; return the incomplete tail, if any."""
         mv = memoryview(data)
         n = len(data)
@@ -321,7 +322,8 @@ class H2Connection(asyncio.Protocol):
             return cached
         table = self._decoder.header_table
         try:
-            headers = self._decoder.decode(block, raw=True)
+            # a list (the stub says Iterable): the cache below hands it out again
+            headers = cast(list, self._decoder.decode(block, raw=True))
         except HPACKError as e:
             raise _ConnectionError(COMPRESSION_ERROR, f"bad header block: {e}") from e
         entries = table.dynamic_entries

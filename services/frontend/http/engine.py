@@ -2,10 +2,10 @@
 httptools (llhttp).
 
 Why not aiohttp: per request it builds a BaseRequest, a StreamReader, a Response and a
-payload writer, 40-60 µs of CPU per request on a 2-core box. Here a request is one small
-object (http_message.Request), its body one buffer, its answer one write. The handlers are
-http_server._Handlers, the same as on the aiohttp path (--http-impl aiohttp), so routes,
-error texts and status codes cannot drift between the two.
+payload writer (its cost per request: docs/benchmarks.md, "Figures behind design
+choices"). Here a request is one small object (http.message.Request), its body one buffer,
+its answer one write. The handlers are http.routes.Handlers, the same as on the aiohttp
+path (--http-impl aiohttp), so routes, error texts and status codes cannot drift.
 
 A connection answers its requests one at a time, in the order they arrived (pipelining):
 the parser queues each request once its head is read, and one task per busy connection
@@ -46,8 +46,8 @@ MAX_QUEUED = 32                # pipelined requests waiting behind the one being
 MAX_QUEUED_BYTES = 1 << 20     # ... and their bodies, before reading pauses
 SMALL_WRITE = 64 * 1024        # answers up to this size leave in one joined write
 # A body buffer in this size range is kept by its connection for the next body of the same
-# size: a fresh multi-MiB buffer costs a page fault per 4 KiB page (glibc maps it afresh),
-# ~1 ms per 4 MiB body. Dropped when the connection goes idle.
+# size: a fresh multi-MiB buffer costs a page fault per 4 KiB page (glibc maps it afresh)
+# on every body. Dropped when the connection goes idle.
 SPARE_MIN, SPARE_MAX = 256 * 1024, 16 * 1024 * 1024
 IDLE_TIMEOUT = 75.0            # an idle keep-alive connection closes after this (as aiohttp)
 IDLE_CHECKS = 5                # ... checked this many times per timeout, by one timer

@@ -116,9 +116,9 @@ class Handlers:
             if path.startswith("/v2/models/"):
                 m = _MODEL_RE.fullmatch(path)
                 if m is not None:
-                    handler = self._model_kinds.get(m.group(3) or "")
-                    if handler is not None:
-                        return await handler(request, m.group(1), _version(m.group(2)))
+                    model_handler = self._model_kinds.get(m.group(3) or "")
+                    if model_handler is not None:
+                        return await model_handler(request, m.group(1), _version(m.group(2)))
             elif path.startswith("/v2/repository/"):
                 m = _REPOSITORY_RE.fullmatch(path)
                 if m is not None:

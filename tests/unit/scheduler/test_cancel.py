@@ -96,7 +96,7 @@ def test_queued_requests_are_removed_and_running_ones_reported():
     h = Harness(dyn(max_batch_size=1, max_queue_delay_ns=0))
     i0 = h.instance()
     h.q.add_instance(i0)
-    running, queued, other = h.enqueue(), h.enqueue(), h.enqueue()
+    _running, queued, other = h.enqueue(), h.enqueue(), h.enqueue()
     assert h.batches() == [[1]]
     removed, rest = h.q.cancel(b"f1", [1, 2, 99])
     assert removed == [queued] and rest == [1, 99]

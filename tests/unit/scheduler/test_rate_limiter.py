@@ -438,7 +438,8 @@ def test_check_per_device_and_device_flags():
     for flag in ("R:2:-1", "R:2"):              # every device
         rl = RateLimiter(["R:4:0", flag])
         assert check_error(rl, gpu(1, ("R", 2)), gpu(0, ("R", 4))) == ""
-        assert check_error(rl, gpu(1, ("R", 3))) == "failed to load 'm' version 1: " + LIMITED.format("R", 2, 3)
+        assert check_error(rl, gpu(1, ("R", 3))) == \
+            "failed to load 'm' version 1: " + LIMITED.format("R", 2, 3)
 
 
 def test_check_global_resource_counts_the_largest_flag_of_any_device():
