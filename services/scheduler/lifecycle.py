@@ -30,7 +30,7 @@ from services.common import config as cfgmod
 from services.common import messages as m
 from services.common import repository as repo
 from services.common.datatypes import config_to_api
-from services.common.errors import Code, TriremeError, not_ready_text, unknown_model
+from services.common.errors import Code, TriremeError, invalid_arg, not_ready_text, unknown_model
 from services.common.states import ModelState
 from services.scheduler.dispatch import Instance, VersionQueue
 
@@ -166,8 +166,7 @@ class ModelManager:
         src = self.scan().get(name)
         old = self.models.get(name)
         if old is None or src is None:
-            raise TriremeError(Code.INVALID_ARG, f"failed to load '{name}', failed to poll from "
-                                                 "model repository")
+            raise invalid_arg(f"failed to load '{name}', failed to poll from model repository")
         # (old.path is the override dir when the model was last loaded from "file:" parameters)
         model_dir = src.path                # new.path, as a Path that is never None
         new = ModelEntry(name, model_dir, fingerprint=repo.fingerprint(src.path))
@@ -417,8 +416,7 @@ def _write_override(name: str, files: dict[str, bytes]) -> Path:
         for key, data in files.items():
             rel = PurePosixPath(key.removeprefix("file:"))
             if rel.is_absolute() or not rel.parts or ".." in rel.parts:
-                raise TriremeError(Code.INVALID_ARG, f"failed to load '{name}': invalid file "
-                                                     f"parameter '{key}'")
+                raise invalid_arg(f"failed to load '{name}': invalid file parameter '{key}'")
             dest = model_dir.joinpath(*rel.parts)
             try:
                 dest.parent.mkdir(parents=True, exist_ok=True)

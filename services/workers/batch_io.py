@@ -22,7 +22,7 @@ import numpy as np
 
 from protos import model_config_pb2 as mc
 from services.common.batch_io_config import validate_batch_io
-from services.common.errors import Code, TriremeError
+from services.common.errors import Code, TriremeError, invalid_arg
 
 K = mc.BatchInput.Kind
 Shape = tuple[int, ...]
@@ -105,9 +105,9 @@ class BatchIO:
     def _shape(self, item: dict[str, np.ndarray], source: str, what: str, names) -> Shape:
         arr = item.get(source)
         if arr is None:   # an optional source input a request left out
-            raise TriremeError(Code.INVALID_ARG, (
+            raise invalid_arg(
                 f"{what} {', '.join(repr(n) for n in names)} of model '{self.model}' is made "
-                f"from input '{source}', which a request of the batch does not have"))
+                f"from input '{source}', which a request of the batch does not have")
         return arr.shape
 
     # ----------------------------------------------------------------- outputs

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from services.common.errors import Code, TriremeError
+from services.common.errors import Code, TriremeError, invalid_arg
 
 Shape = tuple[int, ...]
 Named = list[tuple[str, np.ndarray]]
@@ -82,9 +82,9 @@ class Reshape:
             shape = convert(arr.shape, src, dst, self.batching)
             if shape is None or _count(shape) != arr.size:
                 # The frontend checks shapes against dims; this is a request that skipped it.
-                raise TriremeError(Code.INVALID_ARG, (
+                raise invalid_arg(
                     f"unexpected shape for input '{name}' for model '{self.model}'. Expected "
-                    f"{_fmt(((-1,) if self.batching else ()) + src)}, got {_fmt(arr.shape)}"))
+                    f"{_fmt(((-1,) if self.batching else ()) + src)}, got {_fmt(arr.shape)}")
             out[name] = arr.reshape(shape)
         return out
 

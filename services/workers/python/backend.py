@@ -68,7 +68,7 @@ def _activate_env(spec: str, model_dir: Path) -> None:
     Python major.minor (Triton's rule for its stub as well)."""
     path = Path(spec.replace(_MODEL_DIR_VAR, str(model_dir)))
     if not path.exists():
-        raise TriremeError(Code.INVALID_ARG, f"{ENV_PARAM} '{path}' does not exist")
+        raise invalid_arg(f"{ENV_PARAM} '{path}' does not exist")
     if path.is_file():
         key = hashlib.sha256(f"{path}:{path.stat().st_mtime_ns}".encode()).hexdigest()[:16]
         target = Path(tempfile.gettempdir()) / f"trireme-env-{key}"
@@ -84,11 +84,11 @@ def _activate_env(spec: str, model_dir: Path) -> None:
     wanted = f"python{sys.version_info.major}.{sys.version_info.minor}"
     sites = sorted(path.glob("lib/python3*/site-packages"))
     if not sites:
-        raise TriremeError(Code.INVALID_ARG, f"{ENV_PARAM} '{spec}' holds no lib/python3.*/site-packages")
+        raise invalid_arg(f"{ENV_PARAM} '{spec}' holds no lib/python3.*/site-packages")
     mine = [s for s in sites if s.parent.name == wanted]
     if not mine:
-        raise TriremeError(Code.INVALID_ARG, (
-            f"{ENV_PARAM} '{spec}' is for {sites[0].parent.name}, but this worker runs {wanted}"))
+        raise invalid_arg(
+            f"{ENV_PARAM} '{spec}' is for {sites[0].parent.name}, but this worker runs {wanted}")
     sys.path.insert(0, str(mine[0]))
 
 
@@ -101,7 +101,7 @@ def _import_model(path: Path, name: str) -> Any:
     spec.loader.exec_module(module)
     cls = getattr(module, "TritonPythonModel", None)
     if cls is None:
-        raise TriremeError(Code.INVALID_ARG, f"{path} does not define class TritonPythonModel")
+        raise invalid_arg(f"{path} does not define class TritonPythonModel")
     return cls
 
 
@@ -164,7 +164,7 @@ class PythonBackend(BackendBase):
             result = cls.auto_complete_config(wrapped)
             out = config_from_json((result or wrapped).as_dict())
         except BaseException as e:  # noqa: BLE001 - the model's code: any error fails the load
-            raise TriremeError(Code.INVALID_ARG, f"auto-complete of '{cfg.name}' failed: "
+            raise invalid_arg(f"auto-complete of '{cfg.name}' failed: "
                                                  f"{e}") from None
         normalize(out)
         return out
