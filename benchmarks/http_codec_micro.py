@@ -98,7 +98,7 @@ def http_runner():
     on the running loop); http_server.make_runner, or what start_http built before it."""
     from aiohttp import web
 
-    from services.frontend.http import routes as http_server
+    from services.frontend.http import aiohttp_server as http_server
     from services.frontend.settings import FrontendSettings
     dp = StubDataPlane()
     if hasattr(http_server, "make_runner"):

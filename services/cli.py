@@ -17,10 +17,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+from services.common.flags import parse_bool
 from services.common.procutil import set_title
 from services.common.shm import DEFAULT_INLINE_THRESHOLD
 
 log = logging.getLogger("trireme")
+
+# After --exit-timeout-secs the frontends have this long to send the errors of the requests
+# that were still executing (the scheduler fails them at the timeout), then they are killed.
+FRONTEND_GRACE_S = 0.5
 
 
 def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
@@ -32,10 +37,19 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
                    help="model to load at start in explicit mode ('*' for all)")
     p.add_argument("--model-config-name", default=None)
     p.add_argument("--disable-auto-complete-config", action="store_true")
-    p.add_argument("--strict-readiness", type=_bool, default=True)
+    p.add_argument("--strict-readiness", type=parse_bool, default=True)
     p.add_argument("--metrics-port", type=int, default=8002)
-    p.add_argument("--allow-metrics", type=_bool, default=True)
-    p.add_argument("--exit-timeout-secs", type=float, default=30.0)
+    p.add_argument("--allow-metrics", type=parse_bool, default=True)
+    p.add_argument("--exit-timeout-secs", type=_secs, default=30.0,
+                   help="on SIGTERM/SIGINT, how long work in flight may take to finish; a model "
+                        "instance still executing then is killed and its requests fail")
+    p.add_argument("--model-execution-timeout-secs", type=_secs, default=0.0,
+                   help="kill and restart a model instance that stays in one execution longer "
+                        "than this, failing its requests UNAVAILABLE (0: never, the default); a "
+                        "model's 'execution_timeout_secs' config parameter overrides it")
+    p.add_argument("--model-unload-timeout-secs", type=_secs, default=30.0,
+                   help="how long an unload (or reload) waits for the model's executions in "
+                        "flight; an instance still executing then is killed")
     p.add_argument("--log-verbose", type=int, default=0)
     p.add_argument("--rate-limit", choices=["off", "execution_count"], default="off",
                    help="execution_count: instances run only while their resources are free")
@@ -53,9 +67,16 @@ def _resource(v: str) -> str:
     return v
 
 
-def _bool(v: str) -> bool:
-    from services.frontend.main import _bool as parse
-    return parse(v)
+def _secs(v: str) -> float:
+    try:
+        f = float(v)
+    except ValueError:
+        f = -1.0
+    if not 0 <= f < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got '{v}'")
+    return f
+
+
 
 
 def _scheduler_settings(args: argparse.Namespace, frontend_addr: str, worker_addr: str, host: str):
@@ -72,6 +93,8 @@ def _scheduler_settings(args: argparse.Namespace, frontend_addr: str, worker_add
         strict_readiness=args.strict_readiness, metrics_port=args.metrics_port,
         allow_metrics=args.allow_metrics, host=host, rate_limit=args.rate_limit,
         rate_limit_resources=args.rate_limit_resource,
+        execution_timeout_secs=args.model_execution_timeout_secs,
+        unload_timeout_secs=args.model_unload_timeout_secs,
         worker_args=(["--no-shm"] if getattr(args, "no_shm", False) else [])
         + ["--inline-threshold", str(args.inline_threshold)])
 
@@ -104,15 +127,53 @@ async def _run_scheduler(settings, frontend_cmds: list[list[str]], exit_timeout:
     await stop.wait()
     log.info("shutting down")
     load.cancel()
-    await asyncio.gather(*(h.stop(exit_timeout) for h in frontends), return_exceptions=True)
-    await sched.stop()
+    # --exit-timeout-secs bounds the whole shutdown. The frontends stop taking requests and
+    # wait for the answers to theirs while the scheduler lets the work in flight finish; at
+    # the timeout it kills the instances still executing, which fails their requests, so
+    # the frontends answer those with an error and exit; FRONTEND_GRACE_S later whatever
+    # is left is killed.
+    fronts = asyncio.ensure_future(asyncio.gather(
+        *(h.stop(exit_timeout + FRONTEND_GRACE_S) for h in frontends), return_exceptions=True))
+    await sched.stop(exit_timeout, fronts)
+    await fronts
     return 0
+
+
+_RUNS_CODE = ("lets callers load models from files they send (the 'file:' parameters of a load "
+              "request write model.py and other model files, which the server then runs), "
+              "i.e. run code on this host as the server's user")
+_RESTRICT_HOW = ("--http-restricted-api model-repository:<key>=<value> and "
+                 "--grpc-restricted-protocol model-repository:<key>=<value>")
+
+
+def _warn_open_repository_api(args: argparse.Namespace, frontends_here: bool) -> None:
+    """In explicit model-control mode, warn when the model-repository API is open: on
+    `trireme serve`, on each protocol served without a model-repository restriction; on
+    `trireme scheduler`, always (its frontends are started elsewhere, with their own flags)."""
+    if args.model_control_mode != "explicit":
+        return
+    if not frontends_here:
+        log.warning("explicit model control: the model-repository API of every frontend that "
+                    "connects to this scheduler %s, unless the frontend restricts it (%s)",
+                    _RUNS_CODE, _RESTRICT_HOW)
+        return
+    from services.frontend.restricted import Restrictions
+    restricted = Restrictions.parse(args.http_restricted_api or (),
+                                    args.grpc_restricted_protocol or ())
+    open_on = [name for name, served, rules in (("HTTP", args.allow_http, restricted.http),
+                                                ("gRPC", args.allow_grpc, restricted.grpc))
+               if served and "model-repository" not in rules]
+    if open_on:
+        log.warning("explicit model control: the model-repository API is not restricted on %s; "
+                    "it %s. Restrict it (%s) or keep the ports private.",
+                    " and ".join(open_on), _RUNS_CODE, _RESTRICT_HOW)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from services.frontend.main import frontend_argv
 
     set_title("trireme serve (scheduler)")
+    _warn_open_repository_api(args, frontends_here=True)
     run_dir = tempfile.mkdtemp(prefix=f"trireme-{os.getpid()}-")
     try:
         scheme = "unix" if args.transport == "stream" else "ipc"
@@ -129,6 +190,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_scheduler(args: argparse.Namespace) -> int:
     set_title("trireme scheduler")
+    _warn_open_repository_api(args, frontends_here=False)
     settings = _scheduler_settings(args, args.frontend_addr, args.worker_addr, args.host)
     return _asyncio_run(_run_scheduler(settings, [], args.exit_timeout_secs))
 

@@ -36,6 +36,18 @@ def shm_segments(pids: set[int] | None = None) -> list[str]:
     return [n for n in names if int(n.split("-")[1]) in pids]
 
 
+def alive(pids) -> list[int]:
+    """The processes of ``pids`` still running (zombies count as gone)."""
+    out = []
+    for p in pids:
+        try:
+            if psutil.Process(p).status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
 @dataclass
 class Server:
     proc: subprocess.Popen
@@ -67,6 +79,24 @@ class Server:
                 if not psutil.pid_exists(self.proc.pid):
                     return set()
         return {self.proc.pid}
+
+    def frontend_pids(self) -> list[int]:
+        """The frontend processes the server started, in pid order."""
+        out = []
+        for pid in self.family():
+            try:
+                cmd = " ".join(psutil.Process(pid).cmdline())
+            except psutil.NoSuchProcess:
+                continue
+            if "trireme frontend" in cmd or "services.frontend.main" in cmd:
+                out.append(pid)
+        return sorted(out)
+
+    def frontend(self) -> psutil.Process:
+        """The (first) frontend process."""
+        pids = self.frontend_pids()
+        assert pids, "no frontend process"
+        return psutil.Process(pids[0])
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -380,6 +380,31 @@ class TritonPythonModel:
             for r in requests]
 '''
 
+# Hangs in execute() when IN[0] > 0 (after writing its pid to <model dir>/hanging), for the
+# exit-timeout, unload and watchdog tests.
+HANG = '''
+import os
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.marker = os.path.join(args["model_repository"], "hanging")
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            if x[0] > 0:
+                with open(self.marker, "w") as f:
+                    f.write(str(os.getpid()))
+                time.sleep(600)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x)]))
+        return responses
+'''
+
 
 def python_model(root: Path, name: str, source: str, config: str | None) -> Path:
     d = root / name

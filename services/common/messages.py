@@ -402,8 +402,25 @@ class DecodeError(Exception):
 
 
 def encode(msg: _Msg, frames: Sequence[Any] = ()) -> list[Any]:
-    """The multipart for ``msg`` followed by its tensor frames."""
+    """The multipart for ``msg`` followed by its tensor frames. Raises one of
+    ENCODE_ERRORS when a field holds what msgpack cannot write."""
     return [_KIND_BYTES[type(msg)], _encoder.encode(msg), *frames]
+
+
+ENCODE_ERRORS = (OverflowError, TypeError, ValueError, RecursionError)
+"""What encode() raises for a header it cannot write: an integer outside
+[-2**63, 2**64 - 1] (OverflowError), a type msgpack has no form for, text that is not
+UTF-8 (UnicodeEncodeError), nesting deeper than the encoder goes."""
+
+
+def unencodable(value: Any) -> Exception | None:
+    """Why ``value`` cannot be part of a message header, or None when it can: finds which
+    field of a message that failed to encode is at fault."""
+    try:
+        _encoder.encode(value)
+    except ENCODE_ERRORS as e:
+        return e
+    return None
 
 
 def decode(parts: Sequence[Any], *, for_worker: bool = False) -> tuple[_Msg, list[Any]]:

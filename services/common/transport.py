@@ -44,7 +44,10 @@ class Connection(Protocol):
 class BlockingConnection(Protocol):
     """Connecting end for a synchronous loop: recv() from one thread, send() from any."""
 
-    def send(self, parts: Parts) -> None: ...
+    def send(self, parts: Parts) -> None:
+        """Raises OSError when the message cannot go: on a stream socket also when the peer
+        has closed the connection, which TCP would otherwise accept once and lose."""
+        ...
 
     def recv(self) -> list[memoryview]: ...
 
@@ -76,14 +79,18 @@ async def listen(address: str, handler: Callable[[bytes, list[Any]], None]) -> L
     return listener
 
 
-def connect(address: str, handler: Callable[[list[Any]], None], identity: bytes = b"") -> Connection:
-    """A Connection on the running loop; ``handler(parts)`` per message."""
+def connect(address: str, handler: Callable[[list[Any]], None], identity: bytes = b"",
+            on_state: Callable[[bool], None] | None = None) -> Connection:
+    """A Connection on the running loop; ``handler(parts)`` per message. ``on_state(True)``
+    each time the connection is (re)established, ``on_state(False)`` each time it breaks
+    (the peer closed or died; ZeroMQ: its heartbeat timed out): what was sent and not yet
+    answered may never be."""
     _check(address)
     if is_stream(address):
         conn: transport_stream.Connection | transport_zmq.Connection = \
-            transport_stream.Connection(address, handler, identity)
+            transport_stream.Connection(address, handler, identity, on_state)
     else:
-        conn = transport_zmq.Connection(address, handler, identity)
+        conn = transport_zmq.Connection(address, handler, identity, on_state)
     conn.start()
     return conn
 

@@ -21,6 +21,7 @@ import io
 import itertools
 import logging
 import os
+import select
 import socket
 import struct
 import threading
@@ -34,6 +35,7 @@ _U32 = struct.Struct("<I")
 _MAX_MESSAGE = 1 << 34          # a corrupted length must not allocate the machine away
 _JOIN_BELOW = 1 << 16           # smaller messages go out as one joined buffer
 _RECONNECT_S = 0.1              # ZeroMQ's default reconnect interval
+_PEER_GONE = select.POLLRDHUP | select.POLLHUP | select.POLLERR
 _peer_names = itertools.count(1)
 
 
@@ -283,10 +285,12 @@ class _ClientProtocol(asyncio.Protocol):
 class Connection:
     """Connecting end: sends queue while (re)connecting, as a ZeroMQ DEALER's do."""
 
-    def __init__(self, address: str, handler: Callable[[list], None], identity: bytes = b"") -> None:
+    def __init__(self, address: str, handler: Callable[[list], None], identity: bytes = b"",
+                 on_state: Callable[[bool], None] | None = None) -> None:
         self.address = address
         self.handler = handler
         self.identity = identity
+        self.on_state = on_state
         self._transport: asyncio.Transport | None = None
         self._queue: list[Sequence[Any]] = []
         self._closed = False
@@ -318,6 +322,8 @@ class Connection:
             queued, self._queue = self._queue, []
             for parts in queued:
                 _write(transport, parts)
+            if self.on_state is not None:
+                self.on_state(True)
             return
 
     def _lost(self) -> None:
@@ -325,6 +331,8 @@ class Connection:
         if not self._closed:
             log.warning("connection to %s lost; reconnecting", self.address)
             self.start()
+            if self.on_state is not None:
+                self.on_state(False)
 
     def send(self, parts: Sequence[Any]) -> None:
         t = self._transport
@@ -353,6 +361,8 @@ class BlockingConnection:
         self._lock = threading.Lock()
         self.sock = self._connect(family, sockaddr, timeout)
         _tune(self.sock)
+        self._poll = select.poll()
+        self._poll.register(self.sock, select.POLLIN | select.POLLRDHUP)
         # makefile's stub says IOBase for an int buffering; "rb" with a buffer is a BufferedReader
         self._reader = cast(io.BufferedReader, self.sock.makefile("rb", buffering=1 << 16))
         self.send([identity])
@@ -374,8 +384,13 @@ class BlockingConnection:
                 time.sleep(_RECONNECT_S)
 
     def send(self, parts: Sequence[Any]) -> None:
+        """Raises OSError (BrokenPipeError when the peer has closed) if the message cannot
+        go. The closed peer is looked for first: TCP accepts one write after the peer
+        closed and loses it, a Unix socket fails it; either way the caller learns."""
         bufs = frame(parts)
         with self._lock:
+            if self._peer_closed():
+                raise BrokenPipeError(f"connection to {self.address} closed by the peer")
             if _U32.unpack_from(bufs[0], 0)[0] < _JOIN_BELOW:
                 self.sock.sendall(b"".join(bufs))
                 return
@@ -387,6 +402,14 @@ class BlockingConnection:
                     views.pop(0)
                 if sent:
                     views[0] = views[0][sent:]
+
+    def _peer_closed(self) -> bool:
+        """Whether the peer closed (or reset) the connection, from a poll that never blocks:
+        data waiting for the reader does not count. (0.6 us; a MSG_PEEK recv, which raises
+        when there is nothing to read, costs 2.5 us.)"""
+        for _, events in self._poll.poll(0):
+            return bool(events & _PEER_GONE)
+        return False
 
     def recv(self) -> list[memoryview]:
         """The next message's parts; EOFError when the peer closed the connection."""

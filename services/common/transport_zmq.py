@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +25,10 @@ log = logging.getLogger(__name__)
 _EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
 
 _HWM = 0  # no high-water mark: back-pressure is the scheduler's queue policy, not dropped frames
+# A Connection that reports its state pings its peer (ZMTP heartbeats, answered by ZeroMQ
+# itself): a peer host that vanished without closing is noticed within the timeout.
+_HEARTBEAT_IVL_MS = 1000
+_HEARTBEAT_TIMEOUT_MS = 5000
 
 
 def _socket(kind: int, identity: bytes = b"") -> zmq.Socket:
@@ -117,14 +122,56 @@ class Listener(_Driven):
 
 
 class Connection(_Driven):
-    def __init__(self, address: str, handler: Callable[[list], None], identity: bytes = b"") -> None:
+    def __init__(self, address: str, handler: Callable[[list], None], identity: bytes = b"",
+                 on_state: Callable[[bool], None] | None = None) -> None:
         self.address = address
         self.handler = handler
         self.sock = _socket(zmq.DEALER, identity)
+        self.on_state = on_state
+        self._monitor: zmq.Socket | None = None
+        if on_state is not None:
+            self.sock.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_IVL_MS)
+            self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, _HEARTBEAT_TIMEOUT_MS)
 
     def start(self) -> None:
+        if self.on_state is not None:   # before connect(): the first CONNECTED is seen
+            self._monitor = self.sock.get_monitor_socket(
+                zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self.sock.connect(self.address)
         self._watch()
+        if self._monitor is not None:
+            self.loop.add_reader(self._monitor.fileno(), self._drain_monitor)
+            self.loop.call_soon(self._drain_monitor)
+
+    def _drain_monitor(self) -> None:
+        """Connection events, as ZeroMQ reports them on the monitor socket (edge-triggered
+        like any ZeroMQ FD: drained until empty)."""
+        mon = self._monitor
+        while mon is not None and not mon.closed and \
+                mon.getsockopt(_EVENTS) & _POLLIN:  # type: ignore[operator]
+            try:
+                event = recv_monitor_message(mon, _NOBLOCK)
+            except zmq.Again:
+                break
+            assert self.on_state is not None   # a monitor exists only with a callback
+            if event["event"] == zmq.EVENT_CONNECTED:
+                self.on_state(True)
+            elif event["event"] == zmq.EVENT_DISCONNECTED:
+                self.on_state(False)
+
+    def close(self) -> None:
+        mon, self._monitor = self._monitor, None
+        if mon is not None:
+            try:
+                self.loop.remove_reader(mon.fileno())
+            except Exception:  # noqa: BLE001 - best effort on close: the socket goes either way
+                pass
+            try:
+                self.sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            mon.close(0)
+        super().close()
 
     def _deliver(self, parts: list[zmq.Frame]) -> None:
         self.handler([f.buffer for f in parts])

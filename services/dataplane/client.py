@@ -9,6 +9,15 @@ validation costs no round trip. Input blocks are freed when the result arrives; 
 blocks go back to their worker when the adapter calls release(). A caller that goes away
 first (its task cancelled) cancels its request: the scheduler drops it from its queue, or
 tells its worker, and its inputs are freed by whichever final answer still comes.
+
+Every request gets exactly one answer. The requests of one event-loop turn leave as one
+message; should that message fail to encode, each request is encoded alone and only those
+that cannot be are answered, each with an error naming its field (a client's value that
+msgpack cannot hold is a 400). When the connection to the scheduler breaks, every request
+and control call still waiting fails UNAVAILABLE at once, new ones fail fast, and health
+says not ready until the scheduler is back (it answers the FrontendHello sent on reconnect).
+Request ids carry the process id in their high bits, so results meant for an earlier
+process on the same result address (a frontend respawned by `trireme serve`) never match.
 """
 from __future__ import annotations
 
@@ -27,9 +36,14 @@ from services.common.shm import Arena, SegmentMap, ShmUnavailable
 from services.common.states import ModelState
 from services.dataplane.settings import DataPlaneSettings
 from services.dataplane.types import CoreRequest, CoreResponse, OutputTensor
-from services.dataplane.validation import resolve_version, validate_infer
+from services.dataplane.validation import parameter_range_text, resolve_version, validate_infer
 
 log = logging.getLogger("trireme.dataplane")
+
+SCHEDULER_LOST_TEXT = ("the connection to the scheduler was lost; the request did not "
+                       "complete (retry when the server is ready)")
+SCHEDULER_DOWN_TEXT = "the scheduler is not reachable; the server is not ready"
+_ID_SHIFT = 40   # request ids: pid << 40 | a counter (pids are below 2**22: ids stay 62-bit)
 
 def _error(rec: m.ErrorRecord) -> TriremeError:
     return TriremeError(rec.code, rec.message)
@@ -39,7 +53,7 @@ class DataPlane:
     def __init__(self, settings: DataPlaneSettings) -> None:
         self.settings = settings
         self.pid = os.getpid()
-        self._ids = itertools.count(1)
+        self._ids = itertools.count((self.pid << _ID_SHIFT) + 1)
         # req_id or ctl_id -> who waits: a Future, or a Queue for a stream's responses
         self._pending: dict[int, asyncio.Future | asyncio.Queue] = {}
         self._abandoned: dict[int, list[Any]] = {}    # req_id -> input blocks of a gone caller
@@ -51,6 +65,8 @@ class DataPlane:
         self._cancels: dict[tuple[str, int], list[int]] = {}   # (model, version) -> req_ids
         self._generation = 0
         self._scheduler_ready = False
+        # True from a broken scheduler connection until it is back: requests fail fast
+        self._scheduler_lost = False
         # True while the frontend is still opening its ports: health says neither live nor
         # ready, so a client that polled HTTP never finds the gRPC port closed.
         self.starting = False
@@ -62,16 +78,12 @@ class DataPlane:
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         self._results = await transport.listen(self.result_addr, self._on_result)
-        self._sched = transport.connect(self.settings.scheduler_addr, self._on_message)
+        self._sched = transport.connect(self.settings.scheduler_addr, self._on_message,
+                                        on_state=self._on_scheduler_state)
         self._send(m.FrontendHello(self.pid))
 
     def close(self) -> None:
-        gone = m.InferResult(0, error=m.ErrorRecord(int(Code.UNAVAILABLE), "server is shutting down"))
-        for waiter in self._pending.values():
-            if isinstance(waiter, asyncio.Queue):
-                waiter.put_nowait((gone, []))
-            elif not waiter.done():
-                waiter.set_exception(TriremeError(Code.UNAVAILABLE, "server is shutting down"))
+        self._fail_waiting("server is shutting down")
         self._sched.close()
         self._results.close()
         self._segments.close()
@@ -81,6 +93,49 @@ class DataPlane:
     def _send(self, msg: Any, frames: Sequence[Any] = ()) -> None:
         self._sched.send(m.encode(msg, frames))
 
+    def _fail_waiting(self, text: str) -> None:
+        """Answer everything still waiting with UNAVAILABLE ``text``: requests (a stream's
+        final response included) and control calls. Requests of this turn not yet sent
+        are dropped with them."""
+        pending, self._pending = self._pending, {}
+        self._outbox = []
+        for req_id, waiter in pending.items():
+            if isinstance(waiter, asyncio.Queue):
+                waiter.put_nowait((m.InferResult(req_id, error=m.ErrorRecord(
+                    int(Code.UNAVAILABLE), text)), []))
+            elif not waiter.done():
+                waiter.set_exception(TriremeError(Code.UNAVAILABLE, text))
+
+    def _on_scheduler_state(self, connected: bool) -> None:
+        """The transport's word on the scheduler connection. Lost: whatever was sent may
+        never be answered (the scheduler, or the requests it held, are gone), so everything
+        waiting fails now instead of hanging; metadata is dropped (a new scheduler may serve
+        another repository) and so are mappings of workers' segments (they died with it, or
+        get mapped again). Back: announce ourselves, and readiness follows its answer."""
+        if not connected:
+            if self._scheduler_lost:
+                return
+            log.warning("connection to the scheduler lost: failing %d waiting call(s)",
+                        len(self._pending))
+            self._scheduler_lost = True
+            self._scheduler_ready = False
+            self._generation += 1
+            self._models.clear()
+            self._configs.clear()
+            self._fail_waiting(SCHEDULER_LOST_TEXT)
+            for held in self._streams.values():   # results held for ordering reach nobody
+                for msg, _ in held[1].values():
+                    self._release_refs(msg.outputs)
+            self._streams.clear()
+            abandoned, self._abandoned = self._abandoned, {}
+            for blocks in abandoned.values():
+                self._free_inputs(blocks)
+            self._segments.close()
+        elif self._scheduler_lost:
+            log.info("connection to the scheduler is back")
+            self._scheduler_lost = False
+            self._send(m.FrontendHello(self.pid))
+
     def _on_result(self, identity: bytes, parts: list[Any]) -> None:
         self._on_message(parts)   # results carry everything; who sent them does not matter
 
@@ -89,10 +144,12 @@ class DataPlane:
         if isinstance(msg, (m.InferResult, m.InferResults)):
             # InferResults: one batch's results for this frontend, sharing the frames.
             for r in (msg,) if isinstance(msg, m.InferResult) else msg.results:
-                if r.stream:
-                    self._deliver_in_order(r, frames)
-                else:
+                if not r.stream:
                     self._deliver(r, frames)
+                elif r.req_id in self._pending or r.req_id in self._abandoned:
+                    self._deliver_in_order(r, frames)
+                else:   # not ours (an earlier process's, or answered already): no order slot
+                    self._drop(r, frames)
         elif isinstance(msg, (m.ModelInfo, m.Index, m.ControlDone, m.Stats)):
             fut = self._pending.pop(msg.ctl_id, None)   # (_call put a Future there)
             if isinstance(fut, asyncio.Future) and not fut.done():
@@ -120,7 +177,7 @@ class DataPlane:
     def _flush_outbox(self) -> None:
         box, self._outbox = self._outbox, []
         if len(box) == 1:
-            self._send(*box[0])
+            self._send_alone(*box[0])
             return
         if not box:   # flushed early by _flush_cancels
             return
@@ -133,7 +190,33 @@ class DataPlane:
                         if t.frame >= 0:
                             t.frame += base
                 frames.extend(own)
-        self._send(m.InferRequests([msg for msg, _ in box]), frames)
+        try:
+            parts = m.encode(m.InferRequests([msg for msg, _ in box]), frames)
+        except m.ENCODE_ERRORS:
+            # One of them carries what msgpack cannot hold: each goes alone, and only
+            # those that cannot be encoded fail. Their frame indexes count from 0 again.
+            base = 0
+            for msg, own in box:
+                if own:
+                    if base:
+                        for t in msg.inputs:
+                            if t.frame >= 0:
+                                t.frame -= base
+                    base += len(own)
+                self._send_alone(msg, own)
+            return
+        self._sched.send(parts)
+
+    def _send_alone(self, msg: m.InferRequest, frames: list[Any]) -> None:
+        try:
+            parts = m.encode(msg, frames)
+        except m.ENCODE_ERRORS as e:
+            err = _unsendable(msg, e)
+            log.info("request %d not sent: %s", msg.req_id, err.message)
+            self._deliver(m.InferResult(msg.req_id, error=m.ErrorRecord(int(err.code), err.message)),
+                          [])
+            return
+        self._sched.send(parts)
 
     def _cancel(self, req_id: int, model: str, version: int) -> None:
         """The caller of a request went away before its final response: the scheduler takes
@@ -189,9 +272,15 @@ class DataPlane:
             self._deliver(*held.pop(state[0]))
 
     async def _call(self, msg: Any) -> Any:
+        if self._scheduler_lost:
+            raise TriremeError(Code.UNAVAILABLE, SCHEDULER_DOWN_TEXT)
+        try:
+            parts = m.encode(msg)
+        except m.ENCODE_ERRORS as e:   # only a caller's names and values can be at fault
+            raise invalid_arg(f"the request cannot be sent to the scheduler: {e}") from None
         fut = asyncio.get_running_loop().create_future()
         self._pending[msg.ctl_id] = fut
-        self._send(msg)
+        self._sched.send(parts)
         return await fut
 
     # ------------------------------------------------------------------ metadata
@@ -215,6 +304,7 @@ class DataPlane:
             waiter.set_result(info)
         except BaseException as e:
             waiter.set_exception(e)
+            waiter.exception()   # retrieved: with nobody else waiting, asyncio would log it
             raise
         finally:
             del self._info_waiters[model]
@@ -355,6 +445,8 @@ class DataPlane:
                       waiter: asyncio.Future | asyncio.Queue) -> tuple[int, list[Any]]:
         """Validate, place the input bytes (shared memory or frames) and queue the request;
         the result(s) reach ``waiter``. Returns the request id and the input blocks."""
+        if self._scheduler_lost:
+            raise TriremeError(Code.UNAVAILABLE, SCHEDULER_DOWN_TEXT)
         batch_size = validate_infer(info, req)
         refs: list[m.TensorRef] = []
         frames: list[Any] = []
@@ -424,3 +516,25 @@ class DataPlane:
             by_owner.setdefault(int(seg.split("-")[1]), []).append((seg, off))
         for owner, owned in by_owner.items():
             self._send(m.ReleaseBlocks(owner, owned))
+
+
+def _unsendable(msg: m.InferRequest, exc: Exception) -> TriremeError:
+    """The error for a request whose message cannot be encoded: INVALID_ARG naming the
+    field when it holds the client's value (validation lets nothing through that it knows
+    to be unencodable: this is the net under it), INTERNAL otherwise."""
+    why = f"{type(exc).__name__}: {exc}"
+    for key, value in msg.parameters.items():
+        if m.unencodable(key) or m.unencodable(value):
+            if isinstance(exc, OverflowError):
+                return invalid_arg(parameter_range_text(key))
+            return invalid_arg(f"parameter '{key}' cannot be sent to the model ({why})")
+    for t in msg.inputs:
+        if m.unencodable(t.shape) or m.unencodable(t.name):
+            return invalid_arg(f"input '{t.name}' cannot be sent to the model: its name or "
+                               f"shape holds a value out of range ({why})")
+    for name in msg.outputs:
+        if m.unencodable(name):
+            return invalid_arg(f"requested output '{name}' cannot be sent to the model ({why})")
+    if m.unencodable(msg.request_id):
+        return invalid_arg(f"the request id cannot be sent to the model ({why})")
+    return TriremeError(Code.INTERNAL, f"the request could not be sent to the scheduler ({why})")

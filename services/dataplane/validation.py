@@ -36,7 +36,8 @@ from services.common.messages import ModelInfo
 from services.common.states import ModelState
 from services.dataplane.types import CoreRequest
 
-__all__ = ["resolve_version", "unknown_model_error", "validate_infer"]
+__all__ = ["check_parameters", "parameter_range_text", "resolve_version", "unknown_model_error",
+           "validate_infer"]
 
 _READY = ModelState.READY
 _WILDCARD = -1
@@ -46,6 +47,9 @@ _U32 = struct.Struct("<I").unpack_from
 # What std::stol accepts: leading whitespace, an optional sign, digits (rest ignored).
 _STOL = re.compile(r"[ \t\n\v\f\r]*([+-]?[0-9]+)")
 _INT64_MAX = (1 << 63) - 1
+_INT64_MIN = -_INT64_MAX - 1
+_UINT64_MAX = (1 << 64) - 1
+_SCALARS = (str, bool, float)   # parameter values that always cross as they are
 _BATCH_NOTE = (
     "NOTE: Setting a non-zero max_batch_size in the model config requires a batch "
     "dimension to be prepended to each input shape. If you want to specify the full shape "
@@ -97,11 +101,51 @@ def resolve_version(info: ModelInfo, version: str) -> int:
     return v
 
 
+# ------------------------------------------------------------------------------ parameters
+def parameter_range_text(key: str) -> str:
+    return (f"parameter '{key}' is out of range: an integer parameter must fit in int64 or "
+            f"uint64 ([-2^63, 2^64-1])")
+
+
+def check_parameters(params: dict) -> None:
+    """Request parameters travel to the scheduler and the model as msgpack, which holds an
+    integer only within [-2**63, 2**64 - 1] (gRPC's int64_param / uint64_param; JSON has no
+    bound). A value outside, anywhere in a parameter, is the client's error, named here so
+    the request fails alone before it is queued with others."""
+    for key, value in params.items():
+        t = type(value)
+        if t is int:
+            if _INT64_MIN <= value <= _UINT64_MAX:
+                continue
+        elif t in _SCALARS or value is None or _ints_fit(value):
+            continue
+        raise invalid_arg(parameter_range_text(key))
+
+
+def _ints_fit(value) -> bool:
+    """Every integer in a nested value (lists, dicts, their keys) within 64 bits; walked
+    with a stack, so a deeply nested value costs no recursion."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if type(v) is int:
+            if not _INT64_MIN <= v <= _UINT64_MAX:
+                return False
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+    return True
+
+
 # ------------------------------------------------------------------------------- requests
 def validate_infer(info: ModelInfo, req: CoreRequest) -> int:
     """Check ``req`` against ``info``; return its batch size (1 for a non-batching model)."""
     model = info.name
     inputs = req.inputs
+    if req.parameters:   # read while the request is built, before anything else (Triton's order)
+        check_parameters(req.parameters)
     specs = {}
     n_required = 0
     for s in info.inputs:
@@ -144,6 +188,8 @@ def validate_infer(info: ModelInfo, req: CoreRequest) -> int:
                 raise invalid_arg(f"{_rid(req)}input '{t.name}' has no shape but model requires "
                                   f"batch dimension for '{model}'")
             d0 = t.shape[0]
+            if d0 > _INT64_MAX:   # kept in 32 bits below: the byte-size check cannot see it
+                raise _dim_range_error(_rid(req), model, t)
             if batch == 0:
                 batch = d0 & 0xFFFFFFFF          # Triton keeps it in a uint32
             elif d0 != batch:
@@ -189,6 +235,8 @@ def validate_infer(info: ModelInfo, req: CoreRequest) -> int:
                               f"{_BATCH_NOTE if mbs > 0 else ''}")
         if negative:                             # -2 etc. under a wildcard config dim
             raise _all_dims_error(_rid(req), model, t)
+        if not count and max(shape) > _INT64_MAX:   # no elements: the byte size is 0 anyway
+            raise _dim_range_error(_rid(req), model, t)
         if mbs > 0:
             count *= batch or 1
         try:
@@ -230,6 +278,14 @@ def _count_error(rid, info, given, inputs, n_required) -> TriremeError:
     return invalid_arg(f"{rid}{head} but got {len(inputs)} inputs for model '{info.name}'. Got "
                        f"input(s) {got}, but missing required input(s) {missing}. Please provide "
                        f"all required input(s).")
+
+
+def _dim_range_error(rid, model, t) -> TriremeError:
+    """A dimension beyond int64 (Triton's dims are int64; none can cross to the model).
+    Any other dimension that large fails the byte-size check."""
+    return invalid_arg(f"{rid}unexpected shape for input '{t.name}' for model '{model}': a "
+                       f"dimension is out of range (dimensions must fit in int64), got "
+                       f"{_dims(t.shape)}")
 
 
 def _all_dims_error(rid, model, t) -> TriremeError:

@@ -9,9 +9,13 @@ import signal
 import sys
 
 from services.common import transport
+from services.common.flags import parse_bool
 from services.common.procutil import die_with_parent, set_title
 from services.common.shm import DEFAULT_INLINE_THRESHOLD
 from services.dataplane.client import DataPlane
+from services.frontend.grpc.limits import add_grpc_limit_args, grpc_limits_from_args
+from services.frontend.restricted import GROUPS as RESTRICTED_GROUPS
+from services.frontend.restricted import RestrictionAction, Restrictions
 from services.frontend.settings import DEFAULT_HTTP_MAX_INPUT_SIZE, FrontendSettings
 
 log = logging.getLogger("trireme.frontend")
@@ -51,8 +55,8 @@ def add_frontend_args(p: argparse.ArgumentParser) -> list[argparse.Action]:
         p.add_argument("--http-port", type=int, default=8000),
         p.add_argument("--grpc-port", type=int, default=8001),
         p.add_argument("--host", default="0.0.0.0"),
-        p.add_argument("--allow-http", type=_bool, default=True),
-        p.add_argument("--allow-grpc", type=_bool, default=True),
+        p.add_argument("--allow-http", type=parse_bool, default=True),
+        p.add_argument("--allow-grpc", type=parse_bool, default=True),
         p.add_argument("--http-max-input-size", type=int, default=DEFAULT_HTTP_MAX_INPUT_SIZE),
         p.add_argument("--server-name", default="trireme",
                        help='name reported by server metadata ("triton" for Triton test suites)'),
@@ -66,6 +70,27 @@ def add_frontend_args(p: argparse.ArgumentParser) -> list[argparse.Action]:
                             "default) or aiohttp"),
         p.add_argument("--no-shm", action="store_true",
                        help="send every tensor inline (processes on different hosts)"),
+        p.add_argument("--http-header-timeout-secs", type=float, default=60.0,
+                       help="HTTP: a request head (request line and headers) must arrive "
+                            "within this many seconds, else 408 and close (0: off)"),
+        p.add_argument("--http-body-timeout-secs", type=float, default=60.0,
+                       help="HTTP: a request body must arrive within this many seconds, plus "
+                            "one per 64 KiB it brings, else 408 and close (0: off)"),
+        p.add_argument("--http-idle-timeout-secs", type=float, default=75.0,
+                       help="HTTP: an idle keep-alive connection closes after this (0: off)"),
+        p.add_argument("--http-max-connections", type=int, default=1024,
+                       help="HTTP: open connections per frontend; a connection past it is "
+                            "answered 503 and closed (0: no cap)"),
+        p.add_argument("--http-restricted-api", action=RestrictionAction, default=None,
+                       metavar="<API>[,<API>...]:<key>=<value>",
+                       help="HTTP endpoints of these groups need header <key>: <value> "
+                            f"(repeatable). Groups: {', '.join(RESTRICTED_GROUPS)}"),
+        p.add_argument("--grpc-restricted-protocol", action=RestrictionAction, default=None,
+                       metavar="<protocol>[,<protocol>...]:<key>=<value>",
+                       help="gRPC methods of these groups need metadata "
+                            "triton-grpc-protocol-<key>: <value> (repeatable). Groups: as "
+                            "--http-restricted-api"),
+        *add_grpc_limit_args(p),
     ]
 
 
@@ -87,12 +112,6 @@ def frontend_argv(args: argparse.Namespace) -> list[str]:
     return argv
 
 
-def _bool(v: str) -> bool:
-    if v.lower() in ("1", "true", "yes", "on"):
-        return True
-    if v.lower() in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got '{v}'")
 
 
 def settings_from_args(args: argparse.Namespace, scheduler_addr: str,
@@ -102,7 +121,14 @@ def settings_from_args(args: argparse.Namespace, scheduler_addr: str,
         http_port=args.http_port, grpc_port=args.grpc_port, allow_http=args.allow_http,
         allow_grpc=args.allow_grpc, http_max_input_size=args.http_max_input_size,
         server_name=args.server_name, inline_threshold=args.inline_threshold,
-        use_shm=not args.no_shm, grpc_impl=args.grpc_impl, http_impl=args.http_impl)
+        use_shm=not args.no_shm, grpc_impl=args.grpc_impl, http_impl=args.http_impl,
+        http_header_timeout_secs=args.http_header_timeout_secs,
+        http_body_timeout_secs=args.http_body_timeout_secs,
+        http_idle_timeout_secs=args.http_idle_timeout_secs,
+        http_max_connections=args.http_max_connections,
+        restricted=Restrictions.parse(args.http_restricted_api or (),
+                                      args.grpc_restricted_protocol or ()),
+        grpc_limits=grpc_limits_from_args(args))
 
 
 def main(argv: list[str] | None = None) -> int:

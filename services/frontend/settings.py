@@ -1,9 +1,11 @@
 """Frontend settings, one field per `tritonserver` flag that the frontend honours."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.dataplane.settings import DataPlaneSettings
+from services.frontend.grpc.limits import GrpcLimits
+from services.frontend.restricted import Restrictions
 
 DEFAULT_HTTP_MAX_INPUT_SIZE = 64 * 1024 * 1024
 
@@ -31,6 +33,21 @@ class FrontendSettings(DataPlaneSettings):
     http_impl: str = "native"
     """HTTP server: "native" (HTTP/1.1 parsed by httptools on the frontend's own loop) or
     "aiohttp" (aiohttp's low-level server)."""
+    restricted: Restrictions = field(default_factory=Restrictions)
+    """Restricted API groups (--http-restricted-api, --grpc-restricted-protocol)."""
+    http_header_timeout_secs: float = 60.0
+    """A request head must arrive within this (--http-header-timeout-secs; 0: off)."""
+    http_body_timeout_secs: float = 60.0
+    """A request body must arrive within this, plus 1 s per 64 KiB it brings
+    (--http-body-timeout-secs; 0: off)."""
+    http_idle_timeout_secs: float = 75.0
+    """An idle keep-alive connection closes after this (--http-idle-timeout-secs)."""
+    http_max_connections: int = 1024
+    """Open HTTP connections per frontend; past it, 503 and close (--http-max-connections;
+    0: no cap)."""
+    grpc_limits: GrpcLimits = field(default_factory=GrpcLimits)
+    """gRPC message size, HTTP/2, timeout and keepalive limits (--grpc-max-message-size,
+    --grpc-http2-*, --grpc-keepalive-*, ...; grpc/limits.py has each one and its default)."""
 
     def server_metadata(self) -> dict:
         return {"name": self.server_name, "version": self.server_version, "extensions": EXTENSIONS}

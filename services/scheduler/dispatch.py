@@ -51,6 +51,7 @@ class Instance:
     config: Any = None         # its inference.ModelInstanceGroup (rate_limiter settings)
     probe: bool = False        # its backend checks readiness itself (ProbeReady)
     cancellable: bool = False  # its worker reads Cancel on m.CANCEL_CHANNEL (Python models)
+    retired: bool = False      # its model is being unloaded or replaced: never restarted
 
 
 def log_request(request_id: str, message: str) -> str:
@@ -229,7 +230,7 @@ class VersionQueue:
             self.idle.append(inst)
             self.pump()
 
-    def worker_died(self, inst: Instance, why: str) -> None:
+    def worker_died(self, inst: Instance, why: str, code: int = Code.INTERNAL) -> None:
         """Fail everything the worker held; it is no longer an instance of this version."""
         self.remove_instance(inst)
         held = list(inst.inflight.values())
@@ -240,7 +241,7 @@ class VersionQueue:
             self.limiter.unregister(inst)
         for batch in held:
             for p in batch:
-                self.fail(p, Code.INTERNAL, why, "OTHER")
+                self.fail(p, code, why, "OTHER")
 
     def fail_queued(self, code: int, message: str) -> None:
         if self._timer is not None:

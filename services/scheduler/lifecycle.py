@@ -10,6 +10,14 @@ causes: the Scheduler (main.py) only routes its messages and process events to t
     worker exits ─▶ what it held fails ─▶ (backoff) restart ─▶ serving again
                                                      └─ fails ─▶ instance lost: with none
                                                         left the version is UNAVAILABLE
+
+    one execution outlasts the watchdog's limit (watchdog.py) ─▶ SIGKILL, what it held
+        fails UNAVAILABLE ─▶ with no live instance left the version is LOADING (not ready)
+        ─▶ the exit above restarts it ─▶ READY
+
+Stopping is bounded: an unload waits ``unload_timeout_s`` for the batches in flight, a
+shutdown its grace (--exit-timeout-secs); an instance still executing then is killed and
+its requests fail UNAVAILABLE with a text naming that timeout.
 """
 from __future__ import annotations
 
@@ -20,6 +28,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -33,10 +42,20 @@ from services.common.datatypes import config_to_api
 from services.common.errors import Code, TriremeError, invalid_arg, not_ready_text, unknown_model
 from services.common.states import ModelState
 from services.scheduler.dispatch import Instance, VersionQueue
+from services.scheduler.watchdog import (
+    Watchdog,
+    execution_limit,
+    execution_timeout_text,
+    exit_timeout_text,
+    unload_timeout_text,
+)
 
 log = logging.getLogger("trireme.models")
 
 RESTART_BACKOFF_S = 0.5
+UNLOAD_TIMEOUT_S = 30.0     # batches in flight get this long to finish when their model unloads
+KILL_AFTER_S = 0.5          # shutdown: an idle worker's SIGTERM is followed by SIGKILL after this
+DRAIN_POLL_S = 0.05
 READY, LOADING, UNAVAILABLE, UNLOADING = (ModelState.READY, ModelState.LOADING,
                                           ModelState.UNAVAILABLE, ModelState.UNLOADING)
 _worker_ids = itertools.count(1)
@@ -98,7 +117,10 @@ class ModelManager:
     def __init__(self, repositories: list[Path], *, spawn_instance: Callable, stop_instance: Callable,
                  make_queue: Callable, changed: Callable[[list[str]], None],
                  config_name: str | None = None, disable_autocomplete: bool = False,
-                 limiter: Any = None, restart_backoff_s: float = RESTART_BACKOFF_S) -> None:
+                 limiter: Any = None, restart_backoff_s: float = RESTART_BACKOFF_S,
+                 execution_timeout_s: float = 0.0, unload_timeout_s: float = UNLOAD_TIMEOUT_S,
+                 call_later: Callable[[float, Callable[[], None]], Any] | None = None,
+                 clock: Callable[[], int] = time.monotonic_ns) -> None:
         self.repositories = repositories
         self.models: dict[str, ModelEntry] = {}
         # async (Instance, config bytes, model_dir, autocomplete) -> mc.ModelConfig
@@ -110,8 +132,13 @@ class ModelManager:
         self.disable_autocomplete = disable_autocomplete
         self.limiter = limiter                    # RateLimiter with --rate-limit execution_count
         self.restart_backoff_s = restart_backoff_s
+        self.execution_timeout_s = execution_timeout_s   # --model-execution-timeout-secs (0: off)
+        self.unload_timeout_s = unload_timeout_s
+        # (call_later and clock: the queues' own, so the sweep compares like with like)
+        self.watchdog = Watchdog(self._execution_timed_out, call_later, clock)
         self._locks: dict[str, asyncio.Lock] = {}
         self._starting: list[ModelEntry] = []    # loads in progress: not in self.models yet
+        self._retiring: list[ModelEntry] = []    # unloads and replaced entries being stopped
         self._closing = False
         self._stops: dict[str, asyncio.Future] = {}   # worker_id -> its one stop in progress
 
@@ -247,6 +274,7 @@ class ModelManager:
                                               not self.disable_autocomplete)
         cfgmod.normalize(completed)
         cfgmod.validate(completed)
+        limit_s = execution_limit(completed, self.execution_timeout_s)
         blob = completed.SerializeToString()
         if self._closing:   # shutdown began while the first instance loaded: start no more
             raise TriremeError(Code.UNAVAILABLE, f"failed to load '{entry.name}': server is shutting down")
@@ -268,6 +296,9 @@ class ModelManager:
             queue = entry.versions[inst.version].queue
             assert queue is not None        # set just above for every version
             queue.add_instance(inst)
+        for vs in entry.versions.values():
+            if vs.queue is not None:
+                self.watchdog.watch(vs.queue, limit_s)
         return completed
 
     async def unload(self, name: str) -> None:
@@ -287,18 +318,43 @@ class ModelManager:
             self.changed([name])
 
     async def _retire(self, entry: ModelEntry, reason: str) -> None:
-        """Finish what the workers hold, fail what is still queued, stop the workers."""
+        """Fail what is still queued, let the batches in flight finish within the unload
+        timeout (an instance still executing then is killed, its requests fail), stop the
+        workers. None of them restarts from now on."""
+        for inst in entry.instances:
+            inst.retired = True
         for vs in entry.versions.values():
             if vs.queue is not None:
                 vs.queue.fail_queued(Code.UNAVAILABLE, not_ready_text(entry.name, vs.version))
-        for _ in range(600):   # in-flight batches finish (or their worker dies) within the deadline
-            if not any(i.inflight for i in entry.instances):
-                break
-            await asyncio.sleep(0.05)
-        await self._stop_all(entry)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.unload_timeout_s
+        self._retiring.append(entry)
+        try:
+            while any(i.inflight for i in entry.instances) and loop.time() < deadline:
+                await asyncio.sleep(min(DRAIN_POLL_S, max(0.0, deadline - loop.time())))
+            for inst in list(entry.instances):
+                if inst.inflight:
+                    self._kill_busy(entry, inst, unload_timeout_text(inst, self.unload_timeout_s))
+            await self._stop_all(entry)
+        finally:
+            self._retiring.remove(entry)
         _drop_override(entry)
 
+    def _kill_busy(self, entry: ModelEntry, inst: Instance, why: str) -> None:
+        """An instance that must stop while it executes: SIGKILL (whatever it runs may
+        never return to see a SIGTERM), and each request it held fails UNAVAILABLE now."""
+        log.error("%s", why)
+        inst.loaded = False
+        if inst.handle is not None:
+            inst.handle.kill()
+        vs = entry.versions.get(inst.version)
+        if vs is not None and vs.queue is not None:
+            vs.queue.worker_died(inst, why, Code.UNAVAILABLE)
+
     async def _stop_all(self, entry: ModelEntry) -> None:
+        for vs in entry.versions.values():
+            if vs.queue is not None:
+                self.watchdog.unwatch(vs.queue)
         insts = list(entry.instances)
         await asyncio.gather(*(self._stop(i) for i in insts), return_exceptions=True)
         stopped = {id(i) for i in insts}
@@ -337,21 +393,53 @@ class ModelManager:
     async def instance_exited(self, inst: Instance, code: int) -> None:
         """A loaded instance's worker exited on its own (not stopped, not while loading):
         what it held fails now; then it is restarted with the same config, unless the
-        server is shutting down or its model was unloaded or reloaded meanwhile."""
-        if self._closing:
-            return
+        server is shutting down or its model was unloaded or reloaded meanwhile. (An
+        instance the watchdog killed comes here too, with nothing left to fail.)"""
+        inst.loaded = False
         why = (f"model instance '{inst.name}' of model '{inst.model}' exited unexpectedly "
                f"(exit code {code}); the request was not completed")
-        entry = self.models.get(inst.model)
+        entry = self._owner(inst)
         vs = entry.versions.get(inst.version) if entry else None
         if vs is not None and vs.queue is not None:
             vs.queue.worker_died(inst, why)
+        if self._closing or inst.retired:
+            return
         if entry is None or inst not in entry.instances or entry.config is None:
             return
         await asyncio.sleep(self.restart_backoff_s)
-        if self._closing or inst not in entry.instances:
+        if self._closing or inst.retired or inst not in entry.instances:
             return
         await self._restart(entry, vs, inst)
+
+    def _owner(self, inst: Instance) -> ModelEntry | None:
+        """The entry an instance belongs to: its model's, or one being retired (a reload
+        keeps the old entry's workers until their batches are done)."""
+        for e in (self.models.get(inst.model), *self._retiring):
+            if e is not None and inst in e.instances:
+                return e
+        return self.models.get(inst.model)
+
+    def _execution_timed_out(self, queue: VersionQueue, inst: Instance, limit_s: float) -> None:
+        """The watchdog caught ``inst`` in one execution longer than ``limit_s``: kill it,
+        fail what it held (UNAVAILABLE, naming the limit). Its exit restarts it
+        (instance_exited); until then a version left with no live instance is LOADING,
+        so it reports not ready and turns new requests away (queued ones wait)."""
+        why = execution_timeout_text(inst, limit_s)
+        log.error("%s", why)
+        inst.loaded = False
+        if inst.handle is not None:
+            inst.handle.kill()
+        entry = self.models.get(inst.model)
+        vs = entry.versions.get(inst.version) if entry is not None else None
+        if (entry is not None and vs is not None and vs.queue is queue and vs.state == READY
+                and not self._closing and not inst.retired
+                and list(queue.instances) == [inst.worker_id]):
+            # Not ready before its requests fail: a client that asks once it has its error
+            # hears "not ready" (the frontends get this change first).
+            vs.state, vs.reason = LOADING, why
+            entry.info = None
+            self.changed([inst.model])
+        queue.worker_died(inst, why, Code.UNAVAILABLE)
 
     async def _restart(self, entry: ModelEntry, vs: VersionState | None, inst: Instance) -> None:
         """Bring an instance back with its model's completed config; one that cannot come
@@ -363,9 +451,16 @@ class ModelManager:
             log.error("restart of %s failed: %s", inst.name, e.message)
             self.instance_lost(entry, inst, e.message)
             return
+        if self._closing or inst.retired:   # unloaded or shutting down while it started
+            await self._stop(inst)
+            return
         if vs is not None and vs.queue is not None and inst in entry.instances:
             vs.queue.add_instance(inst)
             log.info("instance %s restarted (pid %d)", inst.name, inst.pid)
+            if vs.state == LOADING:   # the watchdog's restart: live again
+                vs.state, vs.reason = READY, ""
+                entry.info = None
+                self.changed([inst.model])
 
     def instance_lost(self, entry: ModelEntry, inst: Instance, reason: str) -> None:
         """An instance that cannot come back: with none left, the version is UNAVAILABLE and
@@ -387,18 +482,54 @@ class ModelManager:
                     return e, inst
         return None
 
-    async def shutdown(self) -> None:
+    async def shutdown(self, grace_s: float = 0.0, drained: asyncio.Future | None = None) -> None:
+        """Stop every worker within ``grace_s`` + KILL_AFTER_S: queued and running work
+        (and ``drained``, the frontends' own shutdown) gets ``grace_s`` to finish; then an
+        instance still executing is killed and its requests fail, what is still queued
+        fails, and the idle workers are stopped (SIGTERM, SIGKILL after KILL_AFTER_S)."""
         self._closing = True
-        entries = [*self.models.values(), *self._starting]
-        await asyncio.gather(*(self._stop_all(e) for e in entries), return_exceptions=True)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+        while loop.time() < deadline and ((drained is not None and not drained.done())
+                                          or self._has_work()):
+            await asyncio.sleep(min(DRAIN_POLL_S, max(0.0, deadline - loop.time())))
+        self.watchdog.close()
+        entries = list({id(e): e for e in (*self.models.values(), *self._retiring,
+                                           *self._starting)}.values())
+        for e in entries:
+            for vs in e.versions.values():
+                if vs.queue is not None:
+                    vs.queue.fail_queued(Code.UNAVAILABLE, not_ready_text(e.name, vs.version))
+            for inst in list(e.instances):
+                if inst.inflight:
+                    self._kill_busy(e, inst, exit_timeout_text(inst, grace_s))
+        stops = asyncio.gather(*(self._stop_all(e) for e in entries), return_exceptions=True)
+        kill_at = max(deadline, loop.time()) + KILL_AFTER_S
+        try:
+            await asyncio.wait_for(asyncio.shield(stops), max(0.0, kill_at - loop.time()))
+        except TimeoutError:   # a worker that does not end on SIGTERM (its finalize hangs)
+            for e in entries:
+                for inst in e.instances:
+                    if inst.handle is not None:
+                        inst.handle.kill()
+            await stops
         # Loads still in progress (explicit-mode requests are not cancelled) fail now that
         # their workers are gone and stop whatever they started; wait for them, bounded.
-        for _ in range(200):
-            if not self._starting and not self._stops:
-                break
-            await asyncio.sleep(0.05)
+        until = loop.time() + KILL_AFTER_S
+        while (self._starting or self._retiring or self._stops) and loop.time() < until:
+            await asyncio.sleep(DRAIN_POLL_S)
         for e in self.models.values():
             _drop_override(e)
+
+    def _has_work(self) -> bool:
+        """A batch running, or requests queued where an instance can still run them."""
+        for e in self.models.values():
+            for vs in e.versions.values():
+                q = vs.queue
+                if q is not None and q.instances and (
+                        len(q.batcher) or any(i.inflight for i in q.instances.values())):
+                    return True
+        return False
 
 
 def _placement(group: Any, i: int) -> tuple[str, int]:

@@ -65,6 +65,11 @@ class SchedulerSettings:
     """off | execution_count (--rate-limit)."""
     rate_limit_resources: list[str] = field(default_factory=list)
     """--rate-limit-resource name:count[:device], repeatable."""
+    execution_timeout_secs: float = 0.0
+    """--model-execution-timeout-secs: the watchdog's limit on one execution (0: off); a
+    model's `execution_timeout_secs` parameter overrides it (watchdog.py)."""
+    unload_timeout_secs: float = 30.0
+    """--model-unload-timeout-secs: how long an unload waits for the batches in flight."""
 
 
 class Scheduler:
@@ -89,7 +94,9 @@ class Scheduler:
             settings.repositories, spawn_instance=self._spawn_instance,
             stop_instance=self._stop_instance, make_queue=self._make_queue,
             changed=self._changed, config_name=settings.config_name,
-            disable_autocomplete=settings.disable_autocomplete, limiter=self.limiter)
+            disable_autocomplete=settings.disable_autocomplete, limiter=self.limiter,
+            execution_timeout_s=settings.execution_timeout_secs,
+            unload_timeout_s=settings.unload_timeout_secs)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -127,11 +134,14 @@ class Scheduler:
             except Exception:
                 log.exception("repository poll failed")
 
-    async def stop(self) -> None:
+    async def stop(self, grace_s: float = 0.0, drained: asyncio.Future | None = None) -> None:
+        """Work in flight gets ``grace_s`` (--exit-timeout-secs) to finish, and the frontends
+        (``drained``: their own shutdown) to answer; then every worker stops, bounded
+        (ModelManager.shutdown)."""
         self._stopping = True
         if getattr(self, "_poller", None) is not None:
             self._poller.cancel()
-        await self.models.shutdown()
+        await self.models.shutdown(grace_s, drained)
         if self.metrics_runner is not None:
             await self.metrics_runner.cleanup()
         self.fsock.close()
@@ -146,10 +156,10 @@ class Scheduler:
     def _on_frontend(self, identity: bytes, parts: list[Any]) -> None:
         msg, frames = m.decode(parts)
         if isinstance(msg, m.InferRequest):
-            self._infer(identity, msg, frames)
+            self._infer_one(identity, msg, frames)
         elif isinstance(msg, m.InferRequests):   # they share `frames` (indexes count over it)
             for req in msg.requests:
-                self._infer(identity, req, frames)
+                self._infer_one(identity, req, frames)
         elif isinstance(msg, m.ReleaseBlocks):
             inst = self._by_pid.get(msg.owner_pid)
             if inst is not None:
@@ -188,6 +198,16 @@ class Scheduler:
         msg = m.RepositoryChanged(names, self.server_ready(), dead_pids or [])
         for identity in list(self.frontends):
             self._send_frontend(identity, msg)
+
+    def _infer_one(self, identity: bytes, req: m.InferRequest, frames: list[Any]) -> None:
+        """Queue one request; whatever it holds, it alone fails (the requests that came in
+        the same message are queued all the same) and it still gets its answer."""
+        try:
+            self._infer(identity, req, frames)
+        except Exception as e:
+            log.exception("request %d for model '%s' could not be queued", req.req_id, req.model)
+            self._fail_req(identity, req, Code.INTERNAL,
+                           f"the request could not be queued: {type(e).__name__}: {e}")
 
     def _infer(self, identity: bytes, req: m.InferRequest, frames: list[Any]) -> None:
         entry = self.models.models.get(req.model)

@@ -67,6 +67,11 @@ class ProcessHandle:
             except ProcessLookupError:
                 pass
 
+    def kill(self) -> None:
+        """SIGKILL now: for a child that cannot be asked (it hangs in its work). Its exit
+        reaches ``on_exit`` as any other; stop() after it waits for the reaping."""
+        self.signal(signal.SIGKILL)
+
     async def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM, then SIGKILL after ``timeout``; returns once the child is reaped."""
         if self.stopping and self._waiter is not None:   # a stop is already under way
@@ -82,5 +87,5 @@ class ProcessHandle:
         try:
             await asyncio.wait_for(asyncio.shield(self._waiter), timeout)
         except TimeoutError:
-            self.signal(signal.SIGKILL)
-            await self._waiter
+            self.kill()
+            await asyncio.shield(self._waiter)

@@ -17,7 +17,7 @@ import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from conftest import shm_segments, start_server, wait_until
+from conftest import alive, shm_segments, start_server, wait_until
 from models_python import python_model
 
 ONE_CPU = "instance_group [{ kind: KIND_CPU, count: 1 }]\n"
@@ -60,17 +60,6 @@ def traffic(srv, n_small: int = 4) -> None:
         np.testing.assert_array_equal(g.infer("identity", [inp]).as_numpy("OUTPUT0"), x)
     finally:
         g.close()
-
-
-def alive(pids) -> list[int]:
-    out = []
-    for p in pids:
-        try:
-            if psutil.Process(p).status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 def signal_and_check(srv, sig: int, family: set[int] | None = None, *, traceback_ok: bool = False) -> None:

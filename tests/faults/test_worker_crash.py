@@ -68,18 +68,6 @@ def worker_pid(server, model: str) -> int:
     return found[0]
 
 
-def frontend_pids(server) -> list[int]:
-    out = []
-    for pid in server.family():
-        try:
-            cmd = " ".join(psutil.Process(pid).cmdline())
-        except psutil.NoSuchProcess:
-            continue
-        if "trireme frontend" in cmd or "services.frontend.main" in cmd:
-            out.append(pid)
-    return out
-
-
 def identity(client, x: np.ndarray, model: str = "victim") -> np.ndarray:
     inp = httpclient.InferInput("INPUT0", list(x.shape), "FP32")
     inp.set_data_from_numpy(x)
@@ -193,7 +181,7 @@ def test_frontend_unmaps_dead_worker_segments(server, client):
     big = np.random.default_rng(1).random((1, 1 << 20), dtype=np.float32)
     np.testing.assert_array_equal(identity(client, big), big)
     pid = worker_pid(server, "victim")
-    (fe,) = frontend_pids(server)
+    (fe,) = server.frontend_pids()
 
     def mapped_from(p: int) -> list[str]:
         with open(f"/proc/{fe}/maps") as f:

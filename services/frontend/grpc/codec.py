@@ -36,6 +36,7 @@ from services.common.errors import (
 from services.dataplane.types import CoreRequest, CoreResponse, InputTensor, RequestedOutput
 
 __all__ = [
+    "MalformedMessage",
     "decode_infer_request",
     "encode_infer_response",
     "encode_stream_error",
@@ -84,16 +85,35 @@ def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
             raise ValueError("varint too long")
 
 
+class MalformedMessage(TriremeError, DecodeError):
+    """A request message protobuf cannot read: INVALID_ARG (the client's fault, never an
+    internal error), and a DecodeError, as protobuf itself raises."""
+
+
+def _malformed(what: str, detail: object) -> MalformedMessage:
+    text = str(detail).strip() or type(detail).__name__
+    return MalformedMessage(Code.INVALID_ARG, f"malformed {what}: {text}")
+
+
 def decode_infer_request(data: bytes) -> tuple[pb.ModelInferRequest, list[Any]]:
     """Serialized ModelInferRequest -> (message without raw contents, raw inputs as views).
 
     Only the top level is walked (a handful of fields); nested messages go to protobuf.
     Below SMALL_MESSAGE bytes protobuf alone is faster, and copies are cheap.
-    Malformed input raises google.protobuf.message.DecodeError, as protobuf would.
+    Malformed input raises MalformedMessage (INVALID_ARG; a protobuf DecodeError too).
     """
-    if len(data) <= SMALL_MESSAGE:
-        msg = pb.ModelInferRequest.FromString(data)
-        return msg, list(msg.raw_input_contents)
+    try:
+        if len(data) <= SMALL_MESSAGE:
+            msg = pb.ModelInferRequest.FromString(data)
+            return msg, list(msg.raw_input_contents)
+        return _split_infer_request(data)
+    except MalformedMessage:
+        raise
+    except (DecodeError, RecursionError, ValueError, TypeError) as e:
+        raise _malformed("ModelInferRequest", e) from None
+
+
+def _split_infer_request(data: bytes) -> tuple[pb.ModelInferRequest, list[Any]]:
     buf = memoryview(data)
     raw: list[memoryview] = []
     header: list[memoryview] = []
@@ -125,7 +145,7 @@ def decode_infer_request(data: bytes) -> tuple[pb.ModelInferRequest, list[Any]]:
         if pos > n:
             raise ValueError("truncated field")
     except (IndexError, ValueError) as e:
-        raise DecodeError(f"malformed ModelInferRequest: {e}") from None
+        raise _malformed("ModelInferRequest", e) from None
     if not raw:
         return pb.ModelInferRequest.FromString(data), raw
     if start < n:

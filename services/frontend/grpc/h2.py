@@ -5,24 +5,34 @@ Why not grpc.aio: it hands every call between grpc core's threads and the event 
 loop itself (docs/benchmarks.md, "Figures behind design choices"). Only what a gRPC server
 needs is here: prior-knowledge h2c, HEADERS/CONTINUATION (HPACK decoding by the `hpack`
 package), DATA with flow control both ways, SETTINGS, PING, WINDOW_UPDATE, RST_STREAM, GOAWAY. No
-server push, no priorities (PRIORITY frames are read and ignored).
+server push, no priorities (PRIORITY frames are checked, counted and otherwise ignored).
 
 The application gets one object per stream from ``open_stream(conn, stream_id, headers)``
 with three methods: ``data(view)`` (a memoryview into the received bytes), ``end()`` (the
 peer half-closed) and ``reset()`` (the peer cancelled, or the connection is gone). It answers
 through ``send_headers`` / ``send_data`` / ``send_trailers``; frames produced during one loop
 iteration leave in one write.
+
+Owning the server means owning its limits (grpc/limits.py has each one, its default and where
+the figure comes from): every buffer here grows with bytes received, never with a size a peer
+declares; streams, header blocks and control frames are counted per connection; a peer that
+does not read stops being read; every connection has a handshake, an idle and a keepalive
+timeout. The counters are plain ints touched only by the frames they count, so well-formed
+traffic pays nothing for them.
 """
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import deque
 from collections.abc import Callable
 from typing import Any, cast
 
 from hpack import Decoder
-from hpack.exceptions import HPACKError
+from hpack.exceptions import HPACKError, OversizedHeaderListError
+
+from services.frontend.grpc.limits import GrpcLimits
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +45,10 @@ DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDO
     CONTINUATION = range(10)
 END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
 
-# Error codes.
-NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR, COMPRESSION_ERROR = 0, 1, 3, 6, 9
-CANCEL = 8
+# Error codes (RFC 9113 §7).
+NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR, SETTINGS_TIMEOUT, STREAM_CLOSED, \
+    FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = range(10)
+ENHANCE_YOUR_CALM = 11
 
 # Settings identifiers.
 S_HEADER_TABLE_SIZE, S_ENABLE_PUSH, S_MAX_CONCURRENT_STREAMS, S_INITIAL_WINDOW_SIZE, \
@@ -51,9 +62,25 @@ RECV_MAX_FRAME = 1 << 20
 RECV_WINDOW = MAX_WINDOW
 WINDOW_REFILL = 1 << 30      # re-open a receive window once this much has been consumed
 
-_OUR_SETTINGS = b"".join(k.to_bytes(2, "big") + v.to_bytes(4, "big") for k, v in (
-    (S_ENABLE_PUSH, 0), (S_INITIAL_WINDOW_SIZE, RECV_WINDOW), (S_MAX_FRAME_SIZE, RECV_MAX_FRAME),
-    (S_MAX_HEADER_LIST_SIZE, 1 << 20)))
+# grpc core's ping policy: with no call open (and keepalive_permit_without_calls off) a
+# client may PING once per 2 hours, RFC 1122's TCP keepalive interval (ping_abuse_policy.cc).
+IDLE_PING_INTERVAL_S = 7200.0
+KEEPALIVE_OPAQUE = b"trireme!"       # the payload of our keepalive PINGs
+HEADER_CACHE_MAX_BLOCK = 1024        # header blocks cached by _decode_headers: at most this long
+_NEVER = float("-inf")
+
+DEFAULT_LIMITS = GrpcLimits()
+
+
+@functools.lru_cache(maxsize=16)
+def _preamble(limits: GrpcLimits) -> bytes:
+    """Our SETTINGS frame and the connection WINDOW_UPDATE that follows it."""
+    settings = b"".join(k.to_bytes(2, "big") + v.to_bytes(4, "big") for k, v in (
+        (S_ENABLE_PUSH, 0), (S_MAX_CONCURRENT_STREAMS, limits.max_concurrent_streams),
+        (S_INITIAL_WINDOW_SIZE, RECV_WINDOW), (S_MAX_FRAME_SIZE, RECV_MAX_FRAME),
+        (S_MAX_HEADER_LIST_SIZE, limits.max_header_list_size)))
+    return (frame_header(len(settings), SETTINGS, 0, 0) + settings
+            + frame_header(4, WINDOW_UPDATE, 0, 0) + (RECV_WINDOW - DEFAULT_WINDOW).to_bytes(4, "big"))
 
 
 def frame_header(length: int, ftype: int, flags: int, stream_id: int) -> bytes:
@@ -98,18 +125,37 @@ class _Stream:
 class H2Connection(asyncio.Protocol):
     """One client connection. ``open_stream(conn, stream_id, headers)`` -> stream app."""
 
+    # Slots: a plain instance would outgrow CPython's shared-key dicts (30 keys) and every
+    # attribute access on the hot path would get slower.
+    __slots__ = (
+        "_blocked", "_buf", "_closed", "_ctrl", "_ctrl_limit", "_ctrl_since", "_ctrl_window",
+        "_data_end", "_data_left", "_data_sid", "_decoder", "_failed", "_flush_scheduled",
+        "_goaway_sent", "_hcache", "_header_block", "_headers_flags", "_headers_sid",
+        "_htable_state", "_idle_since", "_initial_window", "_last_opened", "_last_ping",
+        "_last_stream", "_limits", "_loop", "_max_frame", "_max_header_block", "_max_ping_strikes",
+        "_max_streams", "_need", "_on_close", "_open_stream", "_out", "_permit_without_calls",
+        "_ping_interval", "_ping_strikes", "_pings_without_data", "_preface", "_reading_paused",
+        "_recv_consumed", "_reset_budget", "_reset_budget_max", "_send_window", "_settings_seen",
+        "_streams", "_timers", "_transport", "_write_closed", "_wrote", "idle",
+    )
+
     def __init__(self, open_stream: Callable[[H2Connection, int, list], Any],
-                 on_close: Callable[[H2Connection], None] | None = None) -> None:
+                 on_close: Callable[[H2Connection], None] | None = None,
+                 limits: GrpcLimits | None = None) -> None:
         self._open_stream = open_stream
         self._on_close = on_close
+        self._limits = limits = limits or DEFAULT_LIMITS
         self._transport: asyncio.Transport | None = None
         self._loop = asyncio.get_running_loop()
         self._buf = bytearray()
         self._need = len(PREFACE)
         self._preface = False
+        self._settings_seen = False           # the client's first SETTINGS (handshake done)
         self._decoder = Decoder()
+        self._decoder.max_header_list_size = limits.max_header_list_size
         self._streams: dict[int, _Stream] = {}
-        self._last_stream = 0
+        self._last_stream = 0                 # highest stream id the client has used
+        self._last_opened = 0                 # highest one handed to the application (GOAWAY)
         self._headers_sid = 0                 # a header block is being continued
         self._headers_flags = 0
         self._header_block = bytearray()
@@ -126,46 +172,104 @@ class H2Connection(asyncio.Protocol):
         self._flush_scheduled = False
         self._blocked: set[int] = set()       # streams waiting for window credit
         self._goaway_sent = False
+        self._failed = False                  # closed for an error: read nothing more
+        self._write_closed = False            # ... and write nothing more (lingering close)
         self._closed = False
+        self._reading_paused = False          # the peer does not read what we write
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        # Limits, copied to plain attributes (grpc/limits.py says where each comes from).
+        self._max_streams = limits.max_concurrent_streams
+        self._max_header_block = limits.max_header_list_size
+        self._ctrl = 0                        # control frames in the current window
+        self._ctrl_limit = limits.max_control_frames
+        self._ctrl_window = limits.control_frame_window_s
+        self._ctrl_since = 0.0
+        self._reset_budget = self._reset_budget_max = limits.reset_budget
+        self._ping_interval = limits.min_recv_ping_interval_without_data_ms / 1000
+        self._max_ping_strikes = limits.max_ping_strikes
+        self._permit_without_calls = limits.keepalive_permit_without_calls
+        self._ping_strikes = 0
+        self._last_ping = _NEVER
+        self._pings_without_data = 0          # keepalive PINGs we sent since our last HEADERS/DATA
+        self._wrote = False                   # HEADERS/DATA sent since the ping counters reset
+        self._idle_since = 0.0
         self.idle = asyncio.Event()           # no open streams (for graceful shutdown)
         self.idle.set()
 
     # -- asyncio.Protocol -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
-        self._emit(frame_header(len(_OUR_SETTINGS), SETTINGS, 0, 0) + _OUR_SETTINGS)
-        self._emit(frame_header(4, WINDOW_UPDATE, 0, 0)
-                   + (RECV_WINDOW - DEFAULT_WINDOW).to_bytes(4, "big"))
+        self._transport = t = cast(asyncio.Transport, transport)
+        limits = self._limits
+        t.set_write_buffer_limits(high=limits.write_buffer_high, low=limits.write_buffer_low)
+        self._emit(_preamble(limits))
+        now = self._loop.time()
+        self._idle_since = self._ctrl_since = now
+        if limits.handshake_timeout_s:
+            self._arm("handshake", limits.handshake_timeout_s, self._handshake_expired)
+        if limits.idle_timeout_s:
+            self._arm("idle", limits.idle_timeout_s, self._check_idle)
+        if limits.keepalive_time_ms:
+            self._arm("keepalive", limits.keepalive_time_ms / 1000, self._keepalive)
+        if limits.max_connection_age_ms:
+            self._arm("age", limits.max_connection_age_ms / 1000, self._age_reached)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
+        timers, self._timers = self._timers, {}
+        for handle in timers.values():
+            handle.cancel()
+        self._reset_all()
+        if self._on_close is not None:
+            self._on_close(self)
+
+    def _reset_all(self) -> None:
+        """Every open stream is over: its call is cancelled."""
         streams, self._streams = self._streams, {}
+        self._blocked.clear()
         for st in streams.values():
             if st.app is not None:
                 st.app.reset()
         self.idle.set()
-        if self._on_close is not None:
-            self._on_close(self)
+
+    def pause_writing(self) -> None:
+        """More than the high-water mark of our output waits in the transport: the peer is
+        not reading. Stop reading it (no more requests, PINGs or SETTINGS to answer) until
+        that output drains; cut it if it does not within the send timeout."""
+        t = self._transport
+        if t is not None and not t.is_closing() and not self._write_closed:
+            t.pause_reading()
+            self._reading_paused = True
+        if self._limits.send_timeout_s:
+            self._arm("send", self._limits.send_timeout_s, self._send_timed_out)
+
+    def resume_writing(self) -> None:
+        self._disarm("send")
+        t = self._transport
+        if self._reading_paused and t is not None and not t.is_closing():
+            t.resume_reading()
+        self._reading_paused = False
 
     def data_received(self, data: bytes | memoryview) -> None:
-        if self._data_left:
-            rest = self._continue_data(data)
-            if rest is None:
-                return
-            data = rest
-        if self._buf:
-            self._buf += data
-            if len(self._buf) < self._need:
-                return
-            data = bytes(self._buf)
-            self._buf = bytearray()
-        elif len(data) < self._need:
-            self._buf += data
+        if self._failed:
             return
         try:
+            if self._data_left:
+                rest = self._continue_data(data)
+                if rest is None:
+                    return
+                data = rest
+            if self._buf:
+                self._buf += data
+                if len(self._buf) < self._need:
+                    return
+                data = bytes(self._buf)
+                self._buf = bytearray()
+            elif len(data) < self._need:
+                self._buf += data
+                return
             rest = self._parse(data)
         except _ConnectionError as e:
-            self._fail(e.code, str(e))
+            self._fail(e.code, str(e), e.debug)
             return
         if rest is not None:
             self._buf += rest
@@ -211,6 +315,8 @@ class H2Connection(asyncio.Protocol):
                     rest = self._continue_data(mv[pos + 9:])
                     assert rest is None
                     return None
+                if ftype != DATA:
+                    self._check_declared(ftype, length)   # refuse it before buffering it
                 self._need = 9 + length
                 break
             payload = mv[pos + 9:end]
@@ -218,6 +324,8 @@ class H2Connection(asyncio.Protocol):
             if self._headers_sid and ftype != CONTINUATION:
                 raise _ConnectionError(PROTOCOL_ERROR, "expected CONTINUATION")
             if ftype == DATA:
+                if not length and not flags & END_STREAM:
+                    self._control("empty DATA")
                 self._on_data(sid, flags, payload)
             elif ftype == HEADERS:
                 self._on_headers(sid, flags, payload)
@@ -226,22 +334,51 @@ class H2Connection(asyncio.Protocol):
             elif ftype == WINDOW_UPDATE:
                 self._on_window_update(sid, payload)
             elif ftype == SETTINGS:
-                self._on_settings(flags, payload)
+                self._on_settings(sid, flags, payload)
             elif ftype == PING:
-                if not flags & ACK:
-                    self._emit(frame_header(8, PING, ACK, 0) + bytes(payload))
+                self._on_ping(sid, flags, payload)
             elif ftype == RST_STREAM:
-                self._on_reset(sid)
+                self._on_reset(sid, payload)
+            elif ftype == PRIORITY:
+                self._on_priority(sid, payload)
             elif ftype == GOAWAY:
-                self._goaway_sent = True      # no new streams either way; finish the open ones
-                self._maybe_close()
+                self._on_goaway(sid, payload)
             elif ftype == PUSH_PROMISE:
                 raise _ConnectionError(PROTOCOL_ERROR, "PUSH_PROMISE from a client")
-            # PRIORITY and unknown frame types are ignored, as RFC 9113 requires.
+            else:                              # unknown types are ignored (RFC 9113 §4.1)...
+                self._control("unknown frame type")   # ... but not without limit
         return mv[pos:] if pos < n else None
+
+    def _check_declared(self, ftype: int, length: int) -> None:
+        """RFC 9113's frame-size rules and the header-block limit, applied to a frame whose
+        header has arrived but whose payload has not: the payload is never buffered."""
+        if ftype == HEADERS or ftype == CONTINUATION:
+            # a HEADERS frame may carry up to 261 bytes of padding and priority
+            slack = 261 if ftype == HEADERS else 0
+            if len(self._header_block) + length > self._max_header_block + slack:
+                raise _ConnectionError(ENHANCE_YOUR_CALM, "header block larger than "
+                                       f"SETTINGS_MAX_HEADER_LIST_SIZE ({self._max_header_block})")
+        elif (ftype == PING and length != 8) or (ftype == SETTINGS and length % 6) or \
+                ((ftype == WINDOW_UPDATE or ftype == RST_STREAM) and length != 4):
+            raise _ConnectionError(FRAME_SIZE_ERROR, f"frame of type {ftype} with {length} bytes")
+
+    def _control(self, what: str) -> None:
+        """Count a control frame; more than the limit within one window is a flood. The
+        clock is read once per `max_control_frames` frames, not per frame."""
+        self._ctrl += 1
+        if self._ctrl >= self._ctrl_limit:
+            now = self._loop.time()
+            if now - self._ctrl_since < self._ctrl_window:
+                raise _ConnectionError(
+                    ENHANCE_YOUR_CALM, f"flood: {self._ctrl} control frames in "
+                    f"{now - self._ctrl_since:.3f} s (the last: {what})")
+            self._ctrl = 0
+            self._ctrl_since = now
 
     def _on_data(self, sid: int, flags: int, payload: memoryview) -> None:
         if flags & PADDED:
+            if not len(payload) or payload[0] >= len(payload):
+                raise _ConnectionError(PROTOCOL_ERROR, "DATA padding longer than the frame")
             pad = payload[0] + 1
             self._credit(sid, pad)             # padding counts against flow control too
             payload = payload[1:len(payload) - payload[0]]
@@ -269,13 +406,24 @@ class H2Connection(asyncio.Protocol):
                 self._emit(frame_header(4, WINDOW_UPDATE, 0, sid)
                            + st.recv_consumed.to_bytes(4, "big"))
                 st.recv_consumed = 0
+        elif not sid or sid > self._last_stream:
+            raise _ConnectionError(PROTOCOL_ERROR, f"DATA on idle stream {sid}")
         return st
 
     def _on_headers(self, sid: int, flags: int, payload: memoryview) -> None:
+        if not sid & 1:
+            raise _ConnectionError(PROTOCOL_ERROR, f"bad stream id {sid}")
         if flags & PADDED:
+            if not len(payload) or payload[0] >= len(payload):
+                raise _ConnectionError(PROTOCOL_ERROR, "HEADERS padding longer than the frame")
             payload = payload[1:len(payload) - payload[0]]
         if flags & PRIORITY_FLAG:
+            if len(payload) < 5:
+                raise _ConnectionError(FRAME_SIZE_ERROR, "HEADERS too short for its priority")
             payload = payload[5:]
+        if len(payload) > self._max_header_block:
+            raise _ConnectionError(ENHANCE_YOUR_CALM, "header block larger than "
+                                   f"SETTINGS_MAX_HEADER_LIST_SIZE ({self._max_header_block})")
         if flags & END_HEADERS:
             self._headers_complete(sid, flags, bytes(payload))
         else:
@@ -283,13 +431,17 @@ class H2Connection(asyncio.Protocol):
             self._header_block = bytearray(payload)
 
     def _on_continuation(self, sid: int, flags: int, payload: memoryview) -> None:
-        if sid != self._headers_sid:
-            raise _ConnectionError(PROTOCOL_ERROR, "CONTINUATION for another stream")
+        if not self._headers_sid or sid != self._headers_sid:
+            raise _ConnectionError(PROTOCOL_ERROR, "CONTINUATION without a header block")
+        self._control("CONTINUATION")
+        if len(self._header_block) + len(payload) > self._max_header_block:
+            raise _ConnectionError(ENHANCE_YOUR_CALM, "header block larger than "
+                                   f"SETTINGS_MAX_HEADER_LIST_SIZE ({self._max_header_block})")
         self._header_block += payload
         if flags & END_HEADERS:
             self._headers_sid = 0
-            self._headers_complete(sid, self._headers_flags, bytes(self._header_block))
-            self._header_block = bytearray()
+            block, self._header_block = bytes(self._header_block), bytearray()
+            self._headers_complete(sid, self._headers_flags, block)
 
     def _headers_complete(self, sid: int, flags: int, block: bytes) -> None:
         headers = self._decode_headers(block)
@@ -299,15 +451,19 @@ class H2Connection(asyncio.Protocol):
                 st.app.end()
             return
         if sid <= self._last_stream:
+            self._control("HEADERS on a closed stream")
             return                            # a late frame for a stream we already closed
-        if sid % 2 == 0:
-            raise _ConnectionError(PROTOCOL_ERROR, f"bad stream id {sid}")
         self._last_stream = sid
         if self._goaway_sent:
-            self._emit_reset(sid, 7)          # REFUSED_STREAM: the client may retry it
+            self._emit_reset(sid, REFUSED_STREAM)   # the client may retry it elsewhere
+            return
+        if len(self._streams) >= self._max_streams:
+            self._emit_reset(sid, REFUSED_STREAM)   # RFC 9113 §5.1.2
+            self._control("stream beyond SETTINGS_MAX_CONCURRENT_STREAMS")
             return
         st = _Stream(self._initial_window)
         self._streams[sid] = st
+        self._last_opened = sid
         self.idle.clear()
         st.app = self._open_stream(self, sid, headers)
         if flags & END_STREAM:
@@ -324,6 +480,10 @@ class H2Connection(asyncio.Protocol):
         try:
             # a list (the stub says Iterable): the cache below hands it out again
             headers = cast(list, self._decoder.decode(block, raw=True))
+        except OversizedHeaderListError as e:
+            raise _ConnectionError(ENHANCE_YOUR_CALM, "header list larger than "
+                                   f"SETTINGS_MAX_HEADER_LIST_SIZE ({self._max_header_block})"
+                                   ) from e
         except HPACKError as e:
             raise _ConnectionError(COMPRESSION_ERROR, f"bad header block: {e}") from e
         entries = table.dynamic_entries
@@ -333,13 +493,19 @@ class H2Connection(asyncio.Protocol):
         if last is None or state[0] is not last[0] or state[1:] != last[1:]:
             self._hcache.clear()
             self._htable_state = state
-        elif len(self._hcache) < 64:
+        elif len(self._hcache) < 64 and len(block) <= HEADER_CACHE_MAX_BLOCK:
             self._hcache[block] = headers
         return headers
 
     def _on_window_update(self, sid: int, payload: memoryview) -> None:
-        inc = int.from_bytes(payload[:4], "big") & 0x7FFFFFFF
+        if len(payload) != 4:
+            raise _ConnectionError(FRAME_SIZE_ERROR, f"WINDOW_UPDATE of {len(payload)} bytes")
+        inc = int.from_bytes(payload, "big") & 0x7FFFFFFF
         if sid == 0:
+            if not inc:
+                raise _ConnectionError(PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
+            if not self._streams:
+                self._control("WINDOW_UPDATE")   # nothing of ours waits for it
             self._send_window += inc
             if self._send_window > MAX_WINDOW:
                 raise _ConnectionError(FLOW_CONTROL_ERROR, "connection window overflow")
@@ -347,14 +513,35 @@ class H2Connection(asyncio.Protocol):
                 self._drain(blocked)
             return
         st = self._streams.get(sid)
-        if st is not None:
-            st.send_window += inc
-            self._drain(sid)
-
-    def _on_settings(self, flags: int, payload: memoryview) -> None:
-        if flags & ACK:
+        if st is None:
+            if sid > self._last_stream:
+                raise _ConnectionError(PROTOCOL_ERROR, f"WINDOW_UPDATE on idle stream {sid}")
+            self._control("WINDOW_UPDATE")       # a closed stream: ignored, but counted
             return
-        for i in range(0, len(payload) - 5, 6):
+        if not inc:
+            self._stream_error(sid, PROTOCOL_ERROR)
+            return
+        st.send_window += inc
+        if st.send_window > MAX_WINDOW:
+            self._stream_error(sid, FLOW_CONTROL_ERROR)
+            return
+        self._drain(sid)
+
+    def _on_settings(self, sid: int, flags: int, payload: memoryview) -> None:
+        if sid:
+            raise _ConnectionError(PROTOCOL_ERROR, "SETTINGS on a stream")
+        if flags & ACK:
+            if len(payload):
+                raise _ConnectionError(FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
+            return
+        if len(payload) % 6:
+            raise _ConnectionError(FRAME_SIZE_ERROR,
+                                   f"SETTINGS of {len(payload)} bytes, not a multiple of 6")
+        self._control("SETTINGS")
+        if not self._settings_seen:
+            self._settings_seen = True
+            self._disarm("handshake")
+        for i in range(0, len(payload), 6):
             key = int.from_bytes(payload[i:i + 2], "big")
             value = int.from_bytes(payload[i + 2:i + 6], "big")
             if key == S_INITIAL_WINDOW_SIZE:
@@ -364,19 +551,94 @@ class H2Connection(asyncio.Protocol):
                 self._initial_window = value
                 for st in self._streams.values():
                     st.send_window += delta
+                    if st.send_window > MAX_WINDOW:
+                        raise _ConnectionError(FLOW_CONTROL_ERROR, "stream window overflow")
             elif key == S_MAX_FRAME_SIZE:
                 if not 16_384 <= value <= 16_777_215:
                     raise _ConnectionError(PROTOCOL_ERROR, f"bad max frame size {value}")
                 self._max_frame = value
+            elif key == S_ENABLE_PUSH and value > 1:
+                raise _ConnectionError(PROTOCOL_ERROR, f"bad ENABLE_PUSH {value}")
         self._emit(frame_header(0, SETTINGS, ACK, 0))
-        for sid in list(self._blocked):
-            self._drain(sid)
+        for blocked in list(self._blocked):
+            self._drain(blocked)
 
-    def _on_reset(self, sid: int) -> None:
+    def _on_ping(self, sid: int, flags: int, payload: memoryview) -> None:
+        if len(payload) != 8:
+            raise _ConnectionError(FRAME_SIZE_ERROR, f"PING of {len(payload)} bytes")
+        if sid:
+            raise _ConnectionError(PROTOCOL_ERROR, "PING on a stream")
+        self._control("PING")
+        if flags & ACK:
+            if payload == KEEPALIVE_OPAQUE and "ack" in self._timers:
+                self._disarm("ack")                  # the keepalive PING was answered
+                self._arm("keepalive", self._limits.keepalive_time_ms / 1000, self._keepalive)
+            return
+        # grpc core's ping policy (Chttp2PingAbusePolicy::ReceivedOnePing): a PING sooner
+        # than the interval after the previous one, with none of our HEADERS/DATA between
+        # them, is a strike; one strike more than allowed closes the connection.
+        if self._wrote:
+            self._data_sent()
+        now = self._loop.time()
+        interval = self._ping_interval if (self._streams or self._permit_without_calls) \
+            else IDLE_PING_INTERVAL_S
+        last, self._last_ping = self._last_ping, now
+        if now < last + interval:
+            self._ping_strikes += 1
+            if self._max_ping_strikes and self._ping_strikes > self._max_ping_strikes:
+                raise _ConnectionError(ENHANCE_YOUR_CALM, f"{self._ping_strikes} ping strikes",
+                                       b"too_many_pings")
+        self._emit(frame_header(8, PING, ACK, 0) + bytes(payload))
+
+    def _data_sent(self) -> None:
+        """We sent HEADERS or DATA since the ping counters were last reset: reset them (grpc
+        core's ResetPingStrikes, and its pings-without-data count for our keepalive)."""
+        self._wrote = False
+        self._ping_strikes = 0
+        self._last_ping = _NEVER
+        self._pings_without_data = 0
+
+    def _on_reset(self, sid: int, payload: memoryview) -> None:
+        if len(payload) != 4:
+            raise _ConnectionError(FRAME_SIZE_ERROR, f"RST_STREAM of {len(payload)} bytes")
+        if not sid or sid > self._last_stream:
+            raise _ConnectionError(PROTOCOL_ERROR, f"RST_STREAM on idle stream {sid}")
+        self._control("RST_STREAM")
+        st = self._streams.pop(sid, None)
+        self._blocked.discard(sid)
+        if st is not None:
+            if st.app is not None:
+                st.app.reset()
+            # Reset before we answered it: rapid reset (CVE-2023-44487) spends the budget.
+            self._reset_budget -= 1
+            if self._reset_budget <= 0:
+                raise _ConnectionError(ENHANCE_YOUR_CALM,
+                                       "rapid reset: too many streams cancelled by the client")
+        self._maybe_close()
+
+    def _on_priority(self, sid: int, payload: memoryview) -> None:
+        if not sid:
+            raise _ConnectionError(PROTOCOL_ERROR, "PRIORITY on stream 0")
+        self._control("PRIORITY")
+        if len(payload) != 5:
+            self._stream_error(sid, FRAME_SIZE_ERROR)   # RFC 9113 §6.3: a stream error
+
+    def _on_goaway(self, sid: int, payload: memoryview) -> None:
+        if sid:
+            raise _ConnectionError(PROTOCOL_ERROR, "GOAWAY on a stream")
+        if len(payload) < 8:
+            raise _ConnectionError(FRAME_SIZE_ERROR, f"GOAWAY of {len(payload)} bytes")
+        self._control("GOAWAY")
+        self._goaway_sent = True      # no new streams either way; finish the open ones
+        self._maybe_close()
+
+    def _stream_error(self, sid: int, code: int) -> None:
+        """End one stream with RST_STREAM ``code``; the connection goes on."""
         st = self._streams.pop(sid, None)
         self._blocked.discard(sid)
         if st is not None and st.app is not None:
             st.app.reset()
+        self._emit_reset(sid, code)
         self._maybe_close()
 
     # -- sending ----------------------------------------------------------------------------
@@ -385,6 +647,7 @@ class H2Connection(asyncio.Protocol):
         st = self._streams.get(sid)
         if st is None or st.closed_local:
             return
+        self._wrote = True
         if st.pending:                         # trailers wait behind queued data
             st.pending.append(("h", block, end_stream))
             if end_stream:
@@ -400,6 +663,7 @@ class H2Connection(asyncio.Protocol):
         st = self._streams.get(sid)
         if st is None or st.closed_local:
             return
+        self._wrote = True
         st.pending.append(("d", memoryview(data).cast("B"), end_stream))
         if end_stream:
             st.closed_local = True
@@ -466,10 +730,16 @@ class H2Connection(asyncio.Protocol):
         if st.pending:
             return
         if self._streams.pop(sid, None) is not None:
+            if self._reset_budget < self._reset_budget_max:
+                self._reset_budget += 1           # an answered stream earns back a reset
             self._maybe_close()
 
     def _emit_reset(self, sid: int, code: int) -> None:
         self._emit(frame_header(4, RST_STREAM, 0, sid) + code.to_bytes(4, "big"))
+
+    def _emit_goaway(self, code: int, debug: bytes = b"") -> None:
+        self._emit(frame_header(8 + len(debug), GOAWAY, 0, 0) + self._last_opened.to_bytes(4, "big")
+                   + code.to_bytes(4, "big") + debug)
 
     def _emit(self, chunk: Any) -> None:
         self._out.append(chunk)
@@ -480,41 +750,136 @@ class H2Connection(asyncio.Protocol):
     def _flush(self) -> None:
         self._flush_scheduled = False
         out, self._out = self._out, []
+        t = self._transport
+        if t is not None and not self._write_closed and not t.is_closing():
+            t.writelines(out)
+
+    # -- timers -----------------------------------------------------------------------------
+    def _arm(self, name: str, delay: float, callback: Callable[[], None]) -> None:
+        old = self._timers.get(name)
+        if old is not None:
+            old.cancel()
+        if not self._closed:
+            self._timers[name] = self._loop.call_later(delay, callback)
+
+    def _disarm(self, name: str) -> None:
+        handle = self._timers.pop(name, None)
+        if handle is not None:
+            handle.cancel()
+
+    def _handshake_expired(self) -> None:
+        self._timers.pop("handshake", None)
+        if not self._settings_seen:
+            self._fail(SETTINGS_TIMEOUT, "no HTTP/2 preface and SETTINGS within "
+                       f"{self._limits.handshake_timeout_s:g} s")
+
+    def _check_idle(self) -> None:
+        """Every idle timeout: close the connection if no stream was open all along."""
+        timeout = self._limits.idle_timeout_s
+        delay = timeout
+        if not self._streams:
+            idle_for = self._loop.time() - self._idle_since
+            if idle_for >= timeout:
+                self._timers.pop("idle", None)
+                log.info("closing HTTP/2 connection idle for %.0f s", idle_for)
+                self.goaway(b"idle_timeout")
+                return
+            delay = timeout - idle_for
+        self._arm("idle", delay, self._check_idle)
+
+    def _keepalive(self) -> None:
+        """grpc core's server keepalive: PING after keepalive_time, when a call is open (or
+        always, with permit_without_calls), at most max_pings_without_data PINGs between two
+        of our HEADERS/DATA frames; no answer within keepalive_timeout closes."""
+        self._timers.pop("keepalive", None)
+        limits = self._limits
+        if self._streams or limits.keepalive_permit_without_calls:
+            if self._wrote:
+                self._data_sent()
+            cap = limits.max_pings_without_data
+            if not cap or self._pings_without_data < cap:
+                self._pings_without_data += 1
+                self._emit(frame_header(8, PING, 0, 0) + KEEPALIVE_OPAQUE)
+                self._arm("ack", limits.keepalive_timeout_ms / 1000, self._keepalive_expired)
+                return                         # the next one is armed by the ACK
+        self._arm("keepalive", limits.keepalive_time_ms / 1000, self._keepalive)
+
+    def _keepalive_expired(self) -> None:
+        self._timers.pop("ack", None)
+        self._fail(NO_ERROR, "keepalive watchdog timeout: no PING ACK within "
+                   f"{self._limits.keepalive_timeout_ms} ms", b"keepalive_timeout")
+
+    def _age_reached(self) -> None:
+        self._timers.pop("age", None)
+        self.goaway(b"max_age")
+        grace = self._limits.max_connection_age_grace_ms
+        if grace:
+            self._arm("age_grace", grace / 1000, self.close)
+
+    def _send_timed_out(self) -> None:
+        self._timers.pop("send", None)
+        log.info("closing HTTP/2 connection: the client read nothing for %g s",
+                 self._limits.send_timeout_s)
+        self._abort()
+
+    def _abort(self) -> None:
         if self._transport is not None and not self._closed:
-            self._transport.writelines(out)
+            self._transport.abort()
 
     # -- lifecycle --------------------------------------------------------------------------
-    def goaway(self) -> None:
+    def goaway(self, debug: bytes = b"") -> None:
         """Refuse new streams and close once the open ones are done (graceful shutdown)."""
         if self._closed:
             return
         if not self._goaway_sent:
             self._goaway_sent = True
-            self._emit(frame_header(8, GOAWAY, 0, 0) + self._last_stream.to_bytes(4, "big")
-                       + NO_ERROR.to_bytes(4, "big"))
+            self._emit_goaway(NO_ERROR, debug)
         self._maybe_close()
 
     def close(self) -> None:
+        """Close after what is queued is written; cut after close_linger_s if the peer
+        does not take it."""
         if self._transport is not None and not self._closed:
             self._flush()
             self._transport.close()
+            if self._limits.close_linger_s and "linger" not in self._timers:
+                self._arm("linger", self._limits.close_linger_s, self._abort)
 
     def _maybe_close(self) -> None:
         if not self._streams:
+            self._idle_since = self._loop.time()
             self.idle.set()
             if self._goaway_sent:
                 self._loop.call_soon(self.close)   # after the last frames are flushed
 
-    def _fail(self, code: int, why: str) -> None:
+    def _fail(self, code: int, why: str, debug: bytes = b"") -> None:
+        """GOAWAY ``code`` and close. A lingering close, as nginx's lingering_close: our side
+        is shut for writing after the GOAWAY, and what the peer still sends is read and
+        dropped until it closes too (or close_linger_s passes). Closed with unread bytes, the
+        socket would send RST, and the peer's kernel could drop the GOAWAY unread."""
+        if self._failed:
+            return
+        self._failed = True
         log.info("closing HTTP/2 connection: %s", why)
         if self._preface:
-            self._emit(frame_header(8, GOAWAY, 0, 0) + self._last_stream.to_bytes(4, "big")
-                       + code.to_bytes(4, "big"))
+            self._emit_goaway(code, debug)
         self._goaway_sent = True
-        self.close()
+        self._reset_all()                      # no answer can reach the peer any more
+        t = self._transport
+        if t is None or self._closed or t.is_closing() or not t.can_write_eof():
+            self.close()
+            return
+        self._flush()
+        self._write_closed = True
+        t.write_eof()
+        if self._reading_paused:
+            self._reading_paused = False
+            t.resume_reading()
+        self._arm("linger", self._limits.close_linger_s, self._abort)
 
 
 class _ConnectionError(Exception):
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: int, message: str, debug: bytes = b"") -> None:
         super().__init__(message)
         self.code = code
+        self.debug = debug

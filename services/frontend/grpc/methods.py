@@ -13,9 +13,11 @@ the identity.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +28,7 @@ from services.common.errors import REPOSITORY_NAME_UNSUPPORTED, Code, TriremeErr
 from services.dataplane.api import DataPlaneAPI
 from services.frontend import stats_codec
 from services.frontend.grpc import codec
+from services.frontend.restricted import GRPC_METHOD_GROUPS, Restriction, grpc_refusal_text
 from services.frontend.settings import FrontendSettings
 
 log = logging.getLogger(__name__)
@@ -298,12 +301,142 @@ async def start_grpc(dp: DataPlaneAPI, settings: FrontendSettings) -> Any:
     `server.trireme_port`.
     """
     methods = rpc_methods(dp, settings)
+    restricted = _restricted_methods(methods, settings.restricted.grpc)
     if settings.grpc_impl == "native":
-        from services.frontend.grpc.native import NativeGrpcServer
-        server = NativeGrpcServer(methods)
+        if restricted:
+            server = _restricted_native_server(methods, restricted, settings)
+        else:
+            from services.frontend.grpc.native import NativeGrpcServer
+            server = NativeGrpcServer(methods, settings.grpc_limits)
         await server.start(settings.host, settings.grpc_port)
     else:
         from services.frontend.grpc.aio_server import start_aio
+        if restricted:
+            methods = _restricted_aio_methods(methods, restricted)
         server = await start_aio(methods, settings)
     log.info("Started GRPCInferenceService at %s", address(settings.host, server.trireme_port))
     return server
+
+
+# ---- restricted protocols (--grpc-restricted-protocol) -----------------------------------
+# Triton checks a call's metadata before it runs (CommonCallData::ExecutePrecondition,
+# InferHandler and ModelStreamInferHandler): the first value of the key (prefix included)
+# must equal the configured value, else UNAVAILABLE "This protocol is restricted, expecting
+# header '<key>'". A stream is refused as it opens, before any request is read. The check is
+# installed only for the restricted methods, and only when a restriction is configured.
+
+_UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
+
+
+def _restricted_methods(methods: dict[str, RpcMethod],
+                        restricted: Mapping[str, Restriction]) -> dict[str, Restriction]:
+    """path -> Restriction for every method of ``methods`` in a restricted group."""
+    if not restricted:
+        return {}
+    rules = {}
+    for path in methods:
+        group = GRPC_METHOD_GROUPS.get(path)
+        if group is not None and group in restricted:
+            rules[path] = restricted[group]
+    return rules
+
+
+def _unbase64(value: bytes) -> bytes | None:
+    """A "-bin" metadata value as gRPC hands it to a server: base64-decoded (padding
+    optional); None when it is not base64."""
+    try:
+        return base64.b64decode(value + b"=" * (-len(value) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
+def _restricted_native_server(methods: dict[str, RpcMethod], rules: dict[str, Restriction],
+                              settings: FrontendSettings) -> Any:
+    """A NativeGrpcServer that refuses a call to a restricted method from its HEADERS frame,
+    before a byte of its body is read (its messages are dropped as they come)."""
+    from services.frontend.grpc import native
+
+    # :path -> (metadata key in lower case as HTTP/2 carries it, value, Trailers-Only block)
+    checks = {
+        path.encode(): (r.header.lower().encode("latin-1"), r.value.encode("utf-8"),
+                        r.header.lower().endswith("-bin"),
+                        native._status_block(_UNAVAILABLE.value[0], grpc_refusal_text(r.header),
+                                             False))
+        for path, r in rules.items()}
+
+    class RestrictedNativeGrpcServer(native.NativeGrpcServer):
+        def _open_stream(self, conn: Any, sid: int, headers: list) -> Any:
+            path = content_type = b""
+            for name, value in headers:
+                if name == b":path":
+                    path = value
+                elif name == b"content-type":
+                    content_type = value
+            check = checks.get(path)
+            # not gRPC at all: the plain server's answer (415), as grpc core gives it first
+            if check is not None and content_type.startswith(b"application/grpc"):
+                key, expected, binary, refusal = check
+                for name, value in headers:
+                    if name == key:                 # the first value counts
+                        if (_unbase64(value) if binary else value) == expected:
+                            return super()._open_stream(conn, sid, headers)
+                        break
+                conn.send_headers(sid, refusal, True)
+                return native._REFUSED
+            return super()._open_stream(conn, sid, headers)
+
+    return RestrictedNativeGrpcServer(methods, settings.grpc_limits)
+
+
+def _aio_allowed(context: Any, key: str, expected: str) -> bool:
+    for k, v in context.invocation_metadata() or ():
+        if k == key:                                # the first value counts
+            if isinstance(v, bytes):
+                return v == expected.encode("utf-8")
+            return v == expected
+    return False
+
+
+def _restricted_aio_methods(methods: dict[str, RpcMethod],
+                            rules: dict[str, Restriction]) -> dict[str, RpcMethod]:
+    """``methods`` with the restricted ones checked first on grpc.aio: a unary request is
+    deserialized only once its call is allowed; a stream is refused before it is read."""
+    out = dict(methods)
+    for path, rule in rules.items():
+        m = methods[path]
+        key, expected = rule.header.lower(), rule.value
+        text = grpc_refusal_text(rule.header)
+        if m.streaming:
+            out[path] = RpcMethod(True, _aio_checked_stream(m.handler, key, expected, text),
+                                  m.deserialize, m.serialize)
+        else:
+            out[path] = RpcMethod(False, _aio_checked_unary(m, key, expected, text),
+                                  _identity, m.serialize)
+    return out
+
+
+def _aio_checked_unary(m: RpcMethod, key: str, expected: str, text: str) -> Handler:
+    handler, deserialize = m.handler, m.deserialize
+
+    async def checked(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        if not _aio_allowed(context, key, expected):
+            await context.abort(_UNAVAILABLE, text)
+        try:
+            request = deserialize(raw)
+        except TriremeError as e:   # our decoder: the client's fault, as the native server says
+            await context.abort(grpc_status(e.code), e.message)
+        except Exception:  # noqa: BLE001 - grpc's own answer to an undecodable request
+            await context.abort(grpc.StatusCode.INTERNAL, "Exception deserializing request!")
+        return await handler(request, context)
+    return checked
+
+
+def _aio_checked_stream(handler: Callable[..., Any], key: str, expected: str,
+                        text: str) -> Callable[..., Any]:
+    async def checked(request_iterator: AsyncIterator[Any],
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        if not _aio_allowed(context, key, expected):
+            await context.abort(_UNAVAILABLE, text)
+        async for response in handler(request_iterator, context):
+            yield response
+    return checked

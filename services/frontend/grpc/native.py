@@ -5,6 +5,10 @@ bidirectional-streaming calls, length-prefixed messages, gzip/deflate request co
 status and message in trailers (percent-encoded, as the gRPC HTTP/2 spec says). Responses are
 never compressed, which every gRPC client accepts. Deadlines (grpc-timeout) are the client's
 to enforce: when one expires the client resets the stream and the call is cancelled here.
+
+A request message larger than the limit (``GrpcLimits.max_message_size``, --grpc-max-message-size)
+is refused from its length prefix, and its buffer grows with the bytes that arrive, never
+with the size the prefix declares; a compressed one is inflated only up to the limit.
 """
 from __future__ import annotations
 
@@ -14,15 +18,18 @@ import zlib
 from collections.abc import Mapping
 from typing import Any
 
-from services.common.errors import socket_in_use
+from services.common.errors import Code, TriremeError, socket_in_use
 from services.frontend.grpc.h2 import H2Connection, encode_literal_headers
+from services.frontend.grpc.limits import GrpcLimits
 
 log = logging.getLogger(__name__)
 
 __all__ = ["NativeGrpcServer", "RpcAbort"]
 
-OK, UNKNOWN, RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL = 0, 2, 8, 12, 13
-MAX_MESSAGE = 2**31 - 1      # INT32_MAX, as the grpc.aio server is configured
+OK, UNKNOWN, INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL = 0, 2, 3, 8, 12, 13
+# A request our decoder refuses (grpc/codec.py MalformedMessage): INVALID_ARGUMENT with its
+# text, where grpc core would answer INTERNAL "Exception deserializing request!".
+_DECODE_STATUS = {Code.INVALID_ARG: INVALID_ARGUMENT}
 
 RESPONSE_HEADERS = encode_literal_headers([
     (b":status", b"200"), (b"content-type", b"application/grpc"),
@@ -74,7 +81,6 @@ class _Call:
         "conn",
         "encoding",
         "failed",
-        "filled",
         "flag",
         "head",
         "headers_sent",
@@ -83,6 +89,7 @@ class _Call:
         "queue",
         "server",
         "sid",
+        "size",
         "task",
     )
 
@@ -91,8 +98,8 @@ class _Call:
         self.server, self.conn, self.sid, self.method = server, conn, sid, method
         self.encoding = encoding
         self.head = bytearray()               # a message prefix split between pieces
-        self.body: bytearray | None = None    # a message being gathered
-        self.flag = self.filled = 0
+        self.body: bytearray | None = None    # a message being gathered, as long as received
+        self.flag = self.size = 0             # ... its compressed flag and declared size
         self.message: Any = None              # a unary call's request
         self.queue: asyncio.Queue | None = None
         self.task: asyncio.Task | None = None
@@ -105,20 +112,22 @@ class _Call:
     # -- from the connection ------------------------------------------------------------------
     def data(self, view: memoryview) -> None:
         """Split the stream's bytes into messages: a message inside one piece is passed on as
-        a view (no copy); one spread over pieces is gathered into a buffer of its size."""
+        a view (no copy); one spread over pieces is gathered into a buffer that grows with
+        the pieces as they arrive (a prefix alone, whatever it declares, allocates nothing)."""
         if self.failed:
             return
         pos, n = 0, len(view)
         while pos < n:
-            if self.body is not None:          # filling a message that spans pieces
-                body, filled = self.body, self.filled
-                take = min(n - pos, len(body) - filled)
-                body[filled:filled + take] = view[pos:pos + take]
-                self.filled = filled + take
+            body = self.body
+            if body is not None:               # filling a message that spans pieces
+                take = min(n - pos, self.size - len(body))
+                body += view[pos:pos + take]
                 pos += take
-                if self.filled == len(body):
+                if len(body) == self.size:
                     self.body = None
                     self._received(self.flag, body)
+                    if self.failed:
+                        return
                 continue
             if not self.head and n - pos >= 5:
                 flag, size = view[pos], int.from_bytes(view[pos + 1:pos + 5], "big")
@@ -131,16 +140,18 @@ class _Call:
                     return
                 flag, size = self.head[0], int.from_bytes(self.head[1:5], "big")
                 self.head.clear()
-            if size > MAX_MESSAGE:
+            limit = self.server.max_message
+            if size > limit:
                 self._fail(RESOURCE_EXHAUSTED,
-                           f"Received message larger than max ({size} vs. {MAX_MESSAGE})",
+                           f"Received message larger than max ({size} vs. {limit})",
                            stop_sending=True)
                 return
             if n - pos >= size:
                 self._received(flag, view[pos:pos + size])
                 pos += size
-            else:
-                self.flag, self.body, self.filled = flag, bytearray(size), 0
+            else:                              # the start of a message: what arrived of it
+                self.flag, self.size, self.body = flag, size, bytearray(view[pos:])
+                return
             if self.failed:
                 return
 
@@ -180,14 +191,26 @@ class _Call:
                        stop_sending=True)
 
     def _decompress(self, payload: Any) -> bytes:
+        """Inflate a compressed message, never beyond the message size limit: a small
+        message that would inflate to more is refused once the limit is passed."""
+        if self.encoding == b"gzip":
+            inflater = zlib.decompressobj(31)
+        elif self.encoding == b"deflate":
+            inflater = zlib.decompressobj()
+        else:
+            raise RpcAbort(INTERNAL, "compressed message without a grpc-encoding")
+        limit = self.server.max_message
         try:
-            if self.encoding == b"gzip":
-                return zlib.decompress(payload, 31)
-            if self.encoding == b"deflate":
-                return zlib.decompress(payload)
+            out = inflater.decompress(payload, limit + 1)
         except zlib.error as e:
             raise RpcAbort(INTERNAL, f"failed to decompress the request: {e}") from None
-        raise RpcAbort(INTERNAL, "compressed message without a grpc-encoding")
+        if len(out) > limit:
+            raise RpcAbort(RESOURCE_EXHAUSTED, "Received message larger than max "
+                           f"(more than {limit} once decompressed vs. {limit})")
+        if not inflater.eof:
+            raise RpcAbort(INTERNAL, "failed to decompress the request: Error -5 while "
+                           "decompressing data: incomplete or truncated stream")
+        return out
 
     def _start(self, coro: Any) -> None:
         self.task = asyncio.ensure_future(coro)
@@ -240,6 +263,8 @@ class _Call:
         method = self.method
         try:
             request = method.deserialize(payload)
+        except TriremeError as e:   # our decoders: a malformed message is the client's fault
+            raise RpcAbort(_DECODE_STATUS.get(e.code, INTERNAL), e.message) from None
         except Exception:  # noqa: BLE001 - grpc's own answer to an undecodable request
             raise RpcAbort(INTERNAL, "Exception deserializing request!") from None
         response = await method.handler(request, CONTEXT)
@@ -250,6 +275,8 @@ class _Call:
         while (payload := await queue.get()) is not None:   # type: ignore[union-attr]
             try:
                 request = deserialize(payload)
+            except TriremeError as e:
+                raise RpcAbort(_DECODE_STATUS.get(e.code, INTERNAL), e.message) from None
             except Exception:  # noqa: BLE001
                 raise RpcAbort(INTERNAL, "Exception deserializing request!") from None
             yield request
@@ -280,8 +307,10 @@ class NativeGrpcServer:
     """Listens on host:port (SO_REUSEPORT, so several frontends share it) and dispatches each
     stream to the method named by its :path in ``methods``."""
 
-    def __init__(self, methods: Mapping[str, Any]) -> None:
+    def __init__(self, methods: Mapping[str, Any], limits: GrpcLimits | None = None) -> None:
         self._methods = {path.encode(): m for path, m in methods.items()}
+        self.limits = limits = limits or GrpcLimits()
+        self.max_message = limits.max_message_size
         self._connections: set[H2Connection] = set()
         self.calls: set[asyncio.Task] = set()
         self._server: asyncio.base_events.Server | None = None
@@ -298,7 +327,7 @@ class NativeGrpcServer:
         self.trireme_port = self._server.sockets[0].getsockname()[1]
 
     def _connection(self) -> H2Connection:
-        conn = H2Connection(self._open_stream, self._connections.discard)
+        conn = H2Connection(self._open_stream, self._connections.discard, self.limits)
         self._connections.add(conn)
         return conn
 

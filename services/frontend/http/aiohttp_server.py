@@ -4,6 +4,14 @@ Each aiohttp request is adapted to the handlers' request shape (http.message) an
 Reply to an aiohttp response, so routes, texts and codes are the ones the native server
 gives. `make_app` wraps the same dispatch in an aiohttp web.Application (one catch-all
 route) for callers that want one.
+
+Limits, as the native server applies them where aiohttp lets us: bodies are read as they
+arrive (never allocated at their declared size) and checked against --http-max-input-size
+declared and actual; --http-body-timeout-secs (the same rule: the timeout plus one second
+per BODY_MIN_RATE bytes received; 408 and close); --http-max-connections (503 and close);
+--http-idle-timeout-secs (aiohttp's keepalive_timeout). Not here: a header timeout and
+Triton's cap on the chunks of a chunked body (aiohttp hands over neither heads in progress
+nor chunk boundaries); the native server, the default, has both.
 """
 from __future__ import annotations
 
@@ -14,6 +22,8 @@ from aiohttp import HttpVersion11, web
 
 from services.common.errors import unknown_expect_text
 from services.dataplane.api import DataPlaneAPI
+from services.frontend.http.codec import error_body
+from services.frontend.http.engine import BODY_MIN_RATE
 from services.frontend.http.message import BodyError, BodyTooLarge, Reply
 from services.frontend.http.routes import Handlers
 from services.frontend.settings import FrontendSettings
@@ -22,17 +32,30 @@ __all__ = ["AioHttp", "make_app", "make_runner", "make_server"]
 
 
 class _AioRequest:
-    """An aiohttp request in the handlers' shape."""
-    __slots__ = ("_limit", "_request", "headers", "method", "path", "query")
+    """An aiohttp request in the handlers' shape. ``reply``: set when reading the body timed
+    out; it replaces the handler's answer."""
+    __slots__ = ("_limit", "_request", "_timeout", "headers", "method", "path", "query",
+                 "reply")
 
-    def __init__(self, request: web.BaseRequest, limit: int) -> None:
+    def __init__(self, request: web.BaseRequest, limit: int, timeout: float = 0.0) -> None:
         self.method, self.path, self.headers = request.method, request.path, request.headers
         self.query = request.query_string
-        self._request, self._limit = request, limit
+        self._request, self._limit, self._timeout = request, limit, timeout
+        self.reply: Reply | None = None
 
     async def read(self) -> bytes:
-        return await _read_body(self._request, self._limit,
-                                bool(self.headers.get("Content-Encoding")))
+        try:
+            return await _read_body(self._request, self._limit,
+                                    bool(self.headers.get("Content-Encoding")), self._timeout)
+        except _BodyTimeout:
+            text = (f"request body not received within {self._timeout:g} s "
+                    f"(--http-body-timeout-secs)")
+            self.reply = Reply(408, error_body(text), "application/json", close=True)
+            raise BodyError(text) from None
+
+
+class _BodyTimeout(Exception):
+    pass
 
 
 def _web_response(reply: Reply) -> web.Response:
@@ -45,14 +68,17 @@ def _web_response(reply: Reply) -> web.Response:
     return resp
 
 
-async def _read_body(request: web.BaseRequest, limit: int, encoded: bool) -> bytes:
+async def _read_body(request: web.BaseRequest, limit: int, encoded: bool,
+                     timeout: float = 0.0) -> bytes:
     """The whole (already decompressed) body, refused past `limit` bytes (BodyTooLarge).
 
     aiohttp decompresses gzip/deflate bodies while streaming them, so the limit applies to
     the decompressed size, as in Triton. aiohttp's own check (client_max_size) would answer
     413 with a text body; Triton answers 400 with a JSON error, so we count here. A
     Content-Length over the limit is refused before anything is read. One chunk -> returned
-    as is; several -> one join. `encoded`: the request has a Content-Encoding."""
+    as is; several -> one join. `encoded`: the request has a Content-Encoding. `timeout`
+    (> 0): the body must have arrived within it, plus a second per BODY_MIN_RATE bytes
+    (_BodyTimeout)."""
     declared = request.content_length
     if declared is not None and not encoded:
         if declared > limit:
@@ -65,6 +91,8 @@ async def _read_body(request: web.BaseRequest, limit: int, encoded: bool) -> byt
         if set_chunk is not None:
             set_chunk(min(limit, declared or limit))  # fewer pause/resume cycles, big bodies
     try:
+        if timeout > 0:
+            return await _read_chunks_timed(content, declared, encoded, limit, timeout)
         return await _read_chunks(content, declared, encoded, limit)
     except web.RequestPayloadError as e:
         detail = str(e).strip().splitlines()[-1].strip()  # "400, message:\n  <text>"
@@ -87,6 +115,40 @@ async def _read_chunks(content: Any, declared: int | None, encoded: bool,
         total += len(chunk)
 
 
+async def _read_chunks_timed(content: Any, declared: int | None, encoded: bool, limit: int,
+                             timeout: float) -> bytes:
+    """_read_chunks under the body timeout. A body that has all arrived is read as
+    _read_chunks reads it, with no timer at all."""
+    if content.is_eof():
+        return await _read_chunks(content, declared, encoded, limit)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    parts: list[bytes] = []
+    total = 0
+    while True:
+        if total > limit:
+            raise BodyTooLarge(None if encoded or declared is None else declared)
+        try:
+            async with asyncio.timeout_at(start + timeout + total / BODY_MIN_RATE):
+                chunk = await content.readany()
+        except TimeoutError:
+            raise _BodyTimeout() from None
+        if not chunk:
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+        parts.append(chunk)
+        total += len(chunk)
+
+
+async def _cut(request: web.BaseRequest, reply: Reply) -> web.StreamResponse:
+    """Answer ``reply`` and close at once: aiohttp would otherwise go on reading the body
+    that did not come in time (its lingering close) before it closes."""
+    resp = _web_response(reply)
+    await resp.prepare(request)
+    await resp.write_eof()
+    request.protocol.force_close()
+    return resp
+
+
 async def _expect(request: web.BaseRequest) -> None:
     """aiohttp's default expect handler, as web.Application runs it before a route's
     handler: "100-continue" answers 100 Continue on HTTP/1.1, anything else 417."""
@@ -104,9 +166,14 @@ def make_app(dp: DataPlaneAPI, settings: FrontendSettings) -> web.Application:
     """The aiohttp application serving Triton's HTTP API over `dp` (start_http serves the
     same handlers through make_server, without the Application's per-request routing)."""
     handlers, limit = Handlers(dp, settings), settings.http_max_input_size
+    timeout = settings.http_body_timeout_secs
 
-    async def route(request: web.Request) -> web.Response:
-        return _web_response(await handlers.dispatch(_AioRequest(request, limit)))
+    async def route(request: web.Request) -> web.StreamResponse:
+        req = _AioRequest(request, limit, timeout)
+        reply = await handlers.dispatch(req)
+        if req.reply is not None:
+            return await _cut(request, req.reply)
+        return _web_response(reply)
 
     app = web.Application(client_max_size=limit)
     app.router.add_route("*", "/{tail:.*}", route)
@@ -120,13 +187,43 @@ def make_server(dp: DataPlaneAPI, settings: FrontendSettings) -> web.Server:
     header). No access log (it costs per request); debug as web.Application derives it
     (the loop's), so aiohttp's own error pages stay the same."""
     handlers, limit = Handlers(dp, settings), settings.http_max_input_size
+    timeout = settings.http_body_timeout_secs
 
     async def serve(request: web.BaseRequest) -> web.StreamResponse:
         if request.headers.get("Expect"):
             await _expect(request)
-        return _web_response(await handlers.dispatch(_AioRequest(request, limit)))
+        req = _AioRequest(request, limit, timeout)
+        reply = await handlers.dispatch(req)
+        if req.reply is not None:
+            return await _cut(request, req.reply)
+        return _web_response(reply)
 
-    return web.Server(serve, access_log=None, debug=asyncio.get_running_loop().get_debug())
+    return _Server(serve, settings.http_max_connections, access_log=None,
+                   debug=asyncio.get_running_loop().get_debug(),
+                   keepalive_timeout=settings.http_idle_timeout_secs)
+
+
+class _Server(web.Server):
+    """aiohttp's low-level server with --http-max-connections: past the cap, a connection
+    is answered 503 and closed, as the native server does."""
+
+    def __init__(self, handler: Any, max_connections: int, **kwargs: Any) -> None:
+        super().__init__(handler, **kwargs)
+        self.max_connections = max_connections
+        self.refused = 0
+        body = error_body(f"Service Unavailable: this server is at its limit of "
+                          f"{max_connections} connections (--http-max-connections)")
+        self._refusal = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json"
+                         b"\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+                         % (len(body), body))
+
+    def connection_made(self, handler: Any, transport: asyncio.Transport) -> None:
+        if 0 < self.max_connections <= len(self._connections):
+            self.refused += 1
+            transport.write(self._refusal)
+            transport.close()
+            return
+        super().connection_made(handler, transport)
 
 
 def make_runner(dp: DataPlaneAPI, settings: FrontendSettings) -> web.BaseRunner:

@@ -19,6 +19,7 @@ import zlib
 from typing import Any
 
 import msgspec
+import numpy as np
 import orjson
 
 from services.common.datatypes import (
@@ -55,6 +56,17 @@ _decode = msgspec.json.Decoder().decode
 _U32 = struct.Struct("<I")
 _MSGSPEC_ERROR = re.compile(r"^(?:JSON is malformed: )?(.*?)(?: \(byte (\d+)\))?$")
 _SHM_KEYS = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
+# Triton's HTTP_MAX_JSON_NESTING_DEPTH (src/common.h): a tensor's JSON "data" nested this
+# deep is refused, in these words (ReadDataFromJson prefixes "Unable to parse 'data'" for
+# every datatype but BYTES).
+MAX_DATA_NESTING = 100
+NESTING_TEXT = f"JSON nesting depth exceeds maximum allowed limit ({MAX_DATA_NESTING})"
+# A document deeper than msgspec can decode (it recurses, ~1000 levels) is decoded with
+# every value below this depth replaced by 0 (_shallow). Nothing valid nests that deep, so
+# the answer is the one the same document gets from Triton, whose parser has no depth limit:
+# the error of the field that holds the deep value.
+_KEPT_DEPTH = 128
+_SCAN = 1 << 18             # bytes per step of _shallow's scan (bounded temporaries)
 
 
 def error_body(message: str) -> bytes:
@@ -75,11 +87,72 @@ def size_limit_message(kind: str, size: int | None, limit: int) -> str:
 
 def decode_json(buf: Any) -> Any:
     """Parse a JSON document; errors read like Triton's (rapidjson wording where it maps):
-    "failed to parse the request JSON buffer: <reason> at <offset>"."""
+    "failed to parse the request JSON buffer: <reason> at <offset>". Any depth: a document
+    nested deeper than msgspec's recursion allows is read with its deep values cut off
+    (_shallow), never a RecursionError (which would be a 500)."""
     try:
         return _decode(buf)
     except (msgspec.DecodeError, ValueError) as e:
         raise invalid_arg(_json_error_text(e, buf)) from None
+    except RecursionError:
+        pass
+    try:
+        return _decode(_shallow(buf))
+    except (msgspec.DecodeError, ValueError) as e:
+        raise invalid_arg(_json_error_text(e, buf)) from None
+    except RecursionError:   # only if the stack was nearly spent already
+        raise invalid_arg("failed to parse the request JSON buffer: the document is nested "
+                          "too deeply") from None
+
+
+def _shallow(buf: Any) -> bytes:
+    """``buf`` with each array or object that starts deeper than _KEPT_DEPTH levels replaced
+    by ``0``. One vectorised scan, a slice at a time: string contents (escapes included) do
+    not count as brackets. The result nests at most _KEPT_DEPTH + 1 levels."""
+    data = np.frombuffer(buf, np.uint8)
+    parts: list[bytes] = []
+    depth = 0               # nesting before the slice
+    in_string = 0           # 1: the slice starts inside a string
+    backslashes = 0         # backslashes that end the previous slice
+    deep_before = False     # the previous slice ends inside a replaced value
+    for start in range(0, data.size, _SCAN):
+        c = data[start:start + _SCAN]
+        opens = (c == 91) | (c == 123)
+        closes = (c == 93) | (c == 125)
+        quote = c == 34
+        if in_string or quote.any():
+            slash = c == 92
+            if backslashes or slash.any():   # a quote after an odd run of them is escaped
+                index = np.arange(c.size, dtype=np.int32)
+                last_other = np.maximum.accumulate(
+                    np.where(slash, np.int32(-1 - backslashes), index))
+                run = index[1:] - 1 - last_other[:-1]
+                quote[0] &= backslashes % 2 == 0
+                quote[1:] &= run % 2 == 0
+                backslashes = int(c.size - 1 - last_other[-1]) if slash[-1] else 0
+            before = np.cumsum(quote, dtype=np.int32)
+            before -= quote
+            before += in_string
+            outside = (before & 1) == 0
+            opens &= outside
+            closes &= outside
+            in_string = int(before[-1] + quote[-1]) & 1
+        else:
+            backslashes = 0                      # (outside strings they mean nothing)
+        step = opens.view(np.int8) - closes.view(np.int8)
+        after = np.cumsum(step, dtype=np.int32)
+        after += depth
+        deep = after > _KEPT_DEPTH
+        deep |= (after - step) > _KEPT_DEPTH
+        first = deep.copy()
+        first[1:] &= ~deep[:-1]
+        first[0] &= not deep_before
+        kept = c.copy()
+        kept[first] = 48                         # "0" for the whole deep value
+        parts.append(kept[~deep | first].tobytes())
+        depth = int(after[-1])
+        deep_before = bool(deep[-1])
+    return b"".join(parts)
 
 
 def _json_error_text(exc: Exception, buf: Any) -> str:
@@ -186,8 +259,11 @@ def decode_infer_request(model: str, version: str, body: Any,
         raise invalid_arg("Unable to parse 'inputs': expected an array")
     inputs: list[InputTensor] = []
     offset = header_length
+    # Fewer "[" in the whole JSON than the depth limit: no "data" can reach it (one C pass).
+    nesting = mv[:header_length].tobytes().count(b"[") >= MAX_DATA_NESTING \
+        if type(body) is memoryview else body.count(b"[", 0, header_length) >= MAX_DATA_NESTING
     for item in inputs_json:
-        tensor, offset = _decode_input(model, item, mv, offset, end)
+        tensor, offset = _decode_input(model, item, mv, offset, end, nesting)
         inputs.append(tensor)
     if offset != end:
         raise invalid_arg(f"unexpected additional input data for model '{model}'")
@@ -243,8 +319,8 @@ def _decode_json_request(model: str, version: str,
     return CoreRequest(model, version, doc.id, inputs, outputs, params), binary_default
 
 
-def _decode_input(model: str, item: Any, mv: memoryview, offset: int,
-                  end: int) -> tuple[InputTensor, int]:
+def _decode_input(model: str, item: Any, mv: memoryview, offset: int, end: int,
+                  nesting: bool = True) -> tuple[InputTensor, int]:
     if type(item) is not dict:
         raise invalid_arg("Unable to parse 'inputs': expected an array of JSON objects")
     params = item.get("parameters")
@@ -291,8 +367,26 @@ def _decode_input(model: str, item: Any, mv: memoryview, offset: int,
                 raise invalid_arg(f"Unable to parse '{key}': expected a non-negative integer")
         return InputTensor(name, datatype, shape, None, params), offset
     # JSON data. Differs from Triton: FP16/BF16 are accepted here (Triton refuses them).
-    data = json_to_buffer(name, datatype, shape, item["data"]) if math.prod(shape) else b""
+    data = item["data"]
+    if nesting and type(data) is list:
+        _check_nesting(data, datatype)
+    data = json_to_buffer(name, datatype, shape, data) if math.prod(shape) else b""
     return InputTensor(name, datatype, shape, data, params), offset
+
+
+def _check_nesting(data: list, datatype: str) -> None:
+    """Triton's depth limit on a tensor's "data": a value (array or not) at depth
+    MAX_DATA_NESTING, the data array itself at depth 0, is refused. Level by level, each
+    level's lists found at C speed: a flat list costs one pass of ``map(type, ...)``."""
+    level = [data]
+    for _ in range(MAX_DATA_NESTING - 1):
+        deeper = [x for lst in level if list in map(type, lst) for x in lst if type(x) is list]
+        if not deeper:
+            return
+        level = deeper
+    if any(level):                 # a non-empty list at depth 99: a value at depth 100
+        raise invalid_arg(NESTING_TEXT if datatype == "BYTES"
+                          else f"Unable to parse 'data': {NESTING_TEXT}")
 
 
 def _decode_output(item: Any) -> RequestedOutput:
@@ -461,7 +555,7 @@ def decode_index_request(body: Any) -> bool:
         return False
     ready = _object(decode_json(body), "ready").get("ready", False)
     if type(ready) is not bool:
-        raise invalid_arg("Unable to parse 'ready': expected a boolean")
+        raise invalid_arg("Invalid value for 'ready': expected a boolean")  # Triton's
     return ready
 
 

@@ -5,6 +5,17 @@ gathers its own body as the parser hands it over.
 A handler sees a request as: ``method``, ``path`` (percent-decoded, as aiohttp's
 request.path), ``query``, ``headers`` (case-insensitive ``get``) and ``await read()``, the
 whole decompressed body, which raises BodyTooLarge or BodyError. It answers a Reply.
+
+Memory: a body is held as the bytes that arrived, never as the size its Content-Length
+declares (one byte after ``Content-Length: 60000000`` holds one byte, not 60 MB). A body
+that comes in one piece is that piece. One that comes in several is kept as its pieces
+(small ones gathered into 64 KiB runs, so a body trickled a byte at a time does not cost an
+object per byte) until half of it has come; then one buffer of the declared size takes
+them and the rest is written in place (so a body costs at most twice what was sent, and
+each byte is copied once, as with a buffer allocated up front). A body without a
+Content-Length (chunked, or inflated from gzip/deflate) is joined once, when complete.
+A buffer the connection already holds, the fully received body of its previous request
+(its "spare", same size), is filled in place from the first piece.
 """
 from __future__ import annotations
 
@@ -14,8 +25,10 @@ from typing import Any
 
 __all__ = [
     "BROKEN",
+    "CHUNKS_TEXT",
     "COMPLETE",
     "DONE",
+    "MAX_CHUNKS",
     "RECEIVING",
     "TOO_LARGE",
     "BodyError",
@@ -71,6 +84,14 @@ class Headers(dict):
 # BROKEN: read() raises; DONE: answered without it, the rest is dropped as it arrives.
 RECEIVING, COMPLETE, TOO_LARGE, BROKEN, DONE = range(5)
 
+# Triton's cap on the chunks of one chunked body (kMaxChunkedChunks, src/http_server.cc),
+# and its text: 400, then the connection closes.
+MAX_CHUNKS = 65536
+CHUNKS_TEXT = (f"Chunked request body exceeds maximum of {MAX_CHUNKS} non-empty chunks. "
+               f"Send fewer or larger HTTP chunks.")
+# Pieces of a body shorter than this are appended to one buffer rather than kept apart.
+_RUN = 64 * 1024
+
 
 class Request:
     """One request of the native server: method, path, query, headers, version ("1.1")
@@ -87,11 +108,13 @@ class Request:
         "_too_large",
         "_waiter",
         "bad",
+        "chunks",
         "headers",
         "keep_alive",
         "method",
         "path",
         "query",
+        "reply",
         "size",
         "state",
         "version",
@@ -107,7 +130,9 @@ class Request:
         self.bad: str | None = None           # a malformed request: answered 400, then close
         self.state = RECEIVING
         self.size = 0                         # body bytes so far (decompressed)
-        self._body: Any = None                # bytes | bytearray (declared size) | [pieces]
+        self.chunks = 0                       # chunk headers parsed (chunked bodies)
+        self.reply: Any = None                # an answer that replaces the handler's
+        self._body: Any = None                # bytes | bytearray (the spare) | [pieces]
         self._declared: int | None = None     # Content-Length, when there is no encoding
         self._too_large: int | None = None
         self._inflater: _Inflater | None = None
@@ -169,18 +194,39 @@ class Request:
         body = self._body
         if body is None:
             declared = self._declared
-            if declared is None:
-                self._body = [data]
-            elif n == declared:
+            if n == declared:
                 self._body = data             # the usual case: the body came in one piece
-            else:                              # one buffer of the declared size, no join
-                body = self._body = self._spare or bytearray(declared)
+            elif self._spare is not None:     # a buffer we hold already, of the right size
+                body = self._body = self._spare
                 self._spare = None
                 body[:n] = data
-        elif type(body) is bytearray:
-            body[start:end] = data
+            elif declared is not None and 2 * n >= declared:
+                body = self._body = bytearray(declared)   # at most twice what came
+                body[:n] = data
+            else:
+                self._body = [data if n >= _RUN else bytearray(data)]
+        elif type(body) is list:
+            declared = self._declared
+            if declared is not None and 2 * end >= declared:
+                # Half of it has come: from here on, one buffer of its size (at most twice
+                # what came), so the pieces are copied once and the rest lands in place.
+                buf = bytearray(declared)
+                pos = 0
+                for piece in body:
+                    buf[pos:pos + len(piece)] = piece
+                    pos += len(piece)
+                buf[start:end] = data
+                self._body = buf
+            elif n >= _RUN:
+                body.append(data)
+            else:
+                last = body[-1]
+                if type(last) is bytearray and len(last) < _RUN:
+                    last += data
+                else:
+                    body.append(bytearray(data))
         else:
-            body.append(data)
+            body[start:end] = data
 
     def take_body(self) -> Any:
         """The body, no longer held here (the connection may reuse its buffer)."""
@@ -203,7 +249,7 @@ class Request:
         self.state, self._error = state, error
         if state != COMPLETE:
             self._body = None
-        self._inflater = None
+        self._inflater = self._spare = None
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)

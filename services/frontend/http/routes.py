@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from services.common.errors import REPOSITORY_NAME_UNSUPPORTED, Code, TriremeError, invalid_arg, unsupported
@@ -28,6 +29,7 @@ from services.dataplane.api import DataPlaneAPI
 from services.frontend import stats_codec
 from services.frontend.http import codec
 from services.frontend.http.message import BodyError, BodyTooLarge, Reply
+from services.frontend.restricted import Restriction, http_group, http_refusal_text
 from services.frontend.settings import FrontendSettings
 
 __all__ = ["Handlers", "http_status", "start_http"]
@@ -71,6 +73,11 @@ def _error_reply(status: int, message: str, headers: dict | None = None) -> Repl
     return Reply(status, codec.error_body(message), _JSON, headers)
 
 
+def _refusal(restriction: Restriction) -> Reply:
+    """Triton's RespondIfRestricted: 403 Forbidden and its JSON error."""
+    return _error_reply(403, http_refusal_text(restriction.header))
+
+
 # Replies are never changed once built: the fixed ones are shared.
 _NOT_ALLOWED = _error_reply(405, "Method Not Allowed")
 _NOT_FOUND = _error_reply(404, "Not Found")
@@ -83,7 +90,13 @@ def _version(v: str | None) -> str:
 
 
 class Handlers:
-    """Route table and handlers; holds the data plane and the settings."""
+    """Route table and handlers; holds the data plane and the settings.
+
+    ``dispatch(request)`` answers one request. It is chosen once, here: the plain router, or
+    with --http-restricted-api the router behind the restriction check, so an unrestricted
+    server pays nothing for the feature."""
+
+    dispatch: Callable[[Any], Awaitable[Reply]]
 
     def __init__(self, dp: DataPlaneAPI, settings: FrontendSettings) -> None:
         self.dp = dp
@@ -102,8 +115,29 @@ class Handlers:
             "stats": self.model_stats,
             "infer": self.infer,
         }
+        restricted = settings.restricted.http
+        if restricted:
+            # group -> (header, value, the 403 Triton answers without them), built once
+            self._restricted = {group: (r.header, r.value, _refusal(r))
+                                for group, r in restricted.items()}
+            self.dispatch = self._restricted_route
+        else:
+            self.dispatch = self._route
 
-    async def dispatch(self, request: Any) -> Reply:
+    async def _restricted_route(self, request: Any) -> Reply:
+        """Triton's RETURN_AND_RESPOND_IF_RESTRICTED, which opens every Handle* method: a
+        request for a restricted group without the header, or with another value, is
+        answered 403 before its method, its body or anything else is looked at (the unread
+        body is dropped). The header's name is matched in any case, its value exactly; a
+        repeated header counts by its first value (libevhtp's evhtp_kv_find)."""
+        group = http_group(request.path)
+        if group is not None:
+            rule = self._restricted.get(group)
+            if rule is not None and request.headers.get(rule[0]) != rule[1]:
+                return rule[2]
+        return await self._route(request)
+
+    async def _route(self, request: Any) -> Reply:
         path = request.path
         try:
             if path.endswith("/infer") and path.startswith("/v2/models/"):
@@ -252,7 +286,7 @@ class _NativeHttp:
     def __init__(self, dp: DataPlaneAPI, settings: FrontendSettings) -> None:
         from services.frontend.http.engine import NativeHttpServer
         self._server = NativeHttpServer(Handlers(dp, settings).dispatch,
-                                        settings.http_max_input_size)
+                                        settings.http_max_input_size, settings=settings)
 
     @property
     def port(self) -> int:

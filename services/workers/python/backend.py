@@ -48,6 +48,13 @@ ENV_PARAM = "EXECUTION_ENV_PATH"
 _OWN_DIR = str(Path(__file__).parent)
 _MODEL_DIR_VAR = "$$TRITON_MODEL_DIRECTORY"
 
+# The worker's SIGTERM handler raises SystemExit wherever the main thread is, often inside a
+# model's execute(): these pass every handler around the model's code, so an unload or a
+# shutdown stops a busy worker at once instead of turning into one failed batch (and a worker
+# that ignores the next SIGTERM). A model that calls sys.exit() ends its worker, which the
+# supervisor restarts.
+_STOP = (SystemExit, KeyboardInterrupt)
+
 # reply(index, outputs | None, error | None, final): the worker's thread-safe send
 Reply = Callable[[int, "dict[str, np.ndarray] | None", "TriremeError | None", bool], None]
 
@@ -118,7 +125,7 @@ class PythonBackend(BackendBase):
         path = model_file(cfg, load.model_dir, load.version)
         try:
             cls = _import_model(path, f"{load.model}_{load.version}")
-        except TriremeError:
+        except (TriremeError, *_STOP):
             raise
         except BaseException as e:  # noqa: BLE001 - whatever model.py raises fails the load
             raise invalid_arg(load_failed_text(load.model, load.version,
@@ -163,6 +170,8 @@ class PythonBackend(BackendBase):
         try:
             result = cls.auto_complete_config(wrapped)
             out = config_from_json((result or wrapped).as_dict())
+        except _STOP:
+            raise
         except BaseException as e:  # noqa: BLE001 - the model's code: any error fails the load
             raise invalid_arg(f"auto-complete of '{cfg.name}' failed: "
                                                  f"{e}") from None
@@ -175,6 +184,8 @@ class PythonBackend(BackendBase):
             if inspect.isawaitable(result):
                 result = self._run_async(result).result()
             return result
+        except _STOP:
+            raise
         except BaseException as e:  # noqa: BLE001 - the model's code: any error is reported
             raise TriremeError(Code.INVALID_ARG if what == "initialize" else Code.INTERNAL,
                                f"{what} of model '{self.name}' failed: {_format_exception(e)}") from None
@@ -229,6 +240,8 @@ class PythonBackend(BackendBase):
                     future.add_done_callback(lambda f: self._async_done(f, requests, reply))
                     return [None] * len(requests)
                 result = future.result()
+        except _STOP:   # SIGTERM (unload, shutdown) stops the worker, not this batch
+            raise
         except BaseException as e:  # noqa: BLE001 - the model's code: any error is the requests'
             err = TriremeError(Code.INTERNAL, f"Failed to process the request(s) for model "
                                f"instance '{self.instance}', message: {_format_exception(e)}")

@@ -31,7 +31,10 @@ def test_round_trip(argv):
 
 def test_every_flag_is_forwarded():
     actions = add_frontend_args(argparse.ArgumentParser())
-    forwarded = frontend_argv(_parser().parse_args(["--no-shm"]))
+    # a repeatable flag forwards one copy per value given: give each one a value
+    forwarded = frontend_argv(_parser().parse_args(
+        ["--no-shm", "--http-restricted-api", "health:k=v",
+         "--grpc-restricted-protocol", "health:k=v"]))
     assert {a.option_strings[-1] for a in actions} == {f for f in forwarded if f.startswith("--")}
 
 

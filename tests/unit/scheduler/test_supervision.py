@@ -119,8 +119,9 @@ def test_restarted_instance_serves_what_waited(tmp_path):
 
 
 def test_no_restart_once_shutting_down(tmp_path):
-    """Shutdown stops every worker; an exit seen then fails nothing and restarts nothing
-    (what the workers held is answered by the frontends' own shutdown)."""
+    """Shutdown stops every worker; one still executing when its grace (here 0) ends is
+    killed and what it held fails, UNAVAILABLE, naming the exit timeout; an exit seen then
+    fails nothing more and restarts nothing."""
     w = Workers(tmp_path, 1)
 
     async def go():
@@ -130,7 +131,10 @@ def test_no_restart_once_shutting_down(tmp_path):
         w.changes.clear()
         await w.mm.shutdown()
         await w.mm.instance_exited(dead, -9)
-        return busy
+        return busy, dead
 
-    asyncio.run(go())
-    assert w.failed == [] and w.changes == []
+    busy, dead = asyncio.run(go())
+    assert w.failed == [(busy, Code.UNAVAILABLE, (
+        f"model instance '{dead.name}' of model 'm' was still executing when the exit timeout "
+        "of 0 s ended and was stopped: the server is shutting down"))]
+    assert w.changes == [] and len(w.sent) == 1
