@@ -108,8 +108,10 @@ def run(args: argparse.Namespace) -> dict:
 def table(res: dict) -> str:
     # warm: after the first cycle of the three kinds of load (every arena and cache exists)
     warm, end = res["samples"][min(3, len(res["samples"]) - 1)], res["samples"][-1]
-    rows = ["| process | RSS warm MiB | RSS end MiB | growth MiB | fds warm → end | threads warm → end |",
-            "|---|---:|---:|---:|---|---|"]
+    mid = res["samples"][len(res["samples"]) // 2]   # the second half: every path long in use
+    rows = ["| process | RSS warm MiB | RSS end MiB | growth MiB | growth, second half MiB | "
+            "fds warm → end | threads warm → end |",
+            "|---|---:|---:|---:|---:|---|---|"]
     for label, w in warm.items():
         if label == "/dev/shm":
             continue
@@ -117,12 +119,15 @@ def table(res: dict) -> str:
         if w is None or e is None:
             rows.append(f"| {label} | — | — | — | process gone | |")
             continue
+        m = mid.get(label) or w
         rows.append(f"| {label} | {w['rss'] / 2**20:.1f} | {e['rss'] / 2**20:.1f} | "
-                    f"{(e['rss'] - w['rss']) / 2**20:+.1f} | {w['fds']} → {e['fds']} | "
-                    f"{w['threads']} → {e['threads']} |")
+                    f"{(e['rss'] - w['rss']) / 2**20:+.1f} | {(e['rss'] - m['rss']) / 2**20:+.1f} | "
+                    f"{w['fds']} → {e['fds']} | {w['threads']} → {e['threads']} |")
     ws, es = warm["/dev/shm"], end["/dev/shm"]
+    ms = mid["/dev/shm"]
     rows.append(f"| /dev/shm trireme-* | {ws['bytes'] / 2**20:.1f} | {es['bytes'] / 2**20:.1f} | "
-                f"{(es['bytes'] - ws['bytes']) / 2**20:+.1f} | {ws['segments']} → "
+                f"{(es['bytes'] - ws['bytes']) / 2**20:+.1f} | "
+                f"{(es['bytes'] - ms['bytes']) / 2**20:+.1f} | {ws['segments']} → "
                 f"{es['segments']} segments | |")
     t, c, b = res["totals"], res["tiny"], res["identity"]
     ok = c.get("nv_inference_request_success", 0) + b.get("nv_inference_request_success", 0)

@@ -170,8 +170,14 @@ def _warn_open_repository_api(args: argparse.Namespace, frontends_here: bool) ->
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from services.frontend.main import frontend_argv
+    from services.frontend.main import checked_settings, frontend_argv
+    from services.frontend.tls import TlsError
 
+    try:
+        checked_settings(args, "")   # refuse bad TLS files before any process starts
+    except TlsError as e:
+        log.error("%s", e)
+        return 2
     set_title("trireme serve (scheduler)")
     _warn_open_repository_api(args, frontends_here=True)
     run_dir = tempfile.mkdtemp(prefix=f"trireme-{os.getpid()}-")

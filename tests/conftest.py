@@ -5,6 +5,7 @@ import contextlib
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -102,9 +103,9 @@ class Server:
         return self.log_path.read_text(errors="replace")
 
 
-def _get(url: str) -> int:
+def _get(url: str, context: ssl.SSLContext | None = None) -> int:
     try:
-        with urllib.request.urlopen(url, timeout=2) as r:
+        with urllib.request.urlopen(url, timeout=2, context=context) as r:
             return r.status
     except urllib.error.HTTPError as e:
         return e.code
@@ -170,8 +171,9 @@ def stop_server(srv: Server, timeout: float = 30.0) -> int:
 
 @contextlib.contextmanager
 def start_server(repo: Path, *extra: str, ready: bool = True, frontends: int = 1,
-                 env: dict[str, str] | None = None):
-    """Run `trireme serve` on free ports; yields a Server, stops it and checks for leaks."""
+                 env: dict[str, str] | None = None, https: ssl.SSLContext | None = None):
+    """Run `trireme serve` on free ports; yields a Server, stops it and checks for leaks.
+    ``https``: the server serves HTTPS (--http-use-ssl), probe it with this client context."""
     http, grpc_, metrics = free_port(), free_port(), free_port()
     log_path = repo.parent / f"server-{http}.log"
     cmd = [sys.executable, "-m", "services.cli", "serve", "--model-repository", str(repo),
@@ -185,7 +187,8 @@ def start_server(repo: Path, *extra: str, ready: bool = True, frontends: int = 1
         want = "/v2/health/ready" if ready else "/v2/health/live"
         try:
             wait_until(lambda: proc.poll() is not None or
-                       _get(f"http://{srv.http_url}{want}") == 200, START_TIMEOUT_S, "server start")
+                       _get(f"{'https' if https else 'http'}://{srv.http_url}{want}", https) == 200,
+                       START_TIMEOUT_S, "server start")
         except TimeoutError as e:
             raise AssertionError(f"server not {want}:\n{srv.log()[-4000:]}") from e
         if proc.poll() is not None:

@@ -17,8 +17,11 @@ from services.frontend.grpc.limits import add_grpc_limit_args, grpc_limits_from_
 from services.frontend.restricted import GROUPS as RESTRICTED_GROUPS
 from services.frontend.restricted import RestrictionAction, Restrictions
 from services.frontend.settings import DEFAULT_HTTP_MAX_INPUT_SIZE, FrontendSettings
+from services.frontend.tls import TlsError, add_tls_args, load, tls_from_args
 
 log = logging.getLogger("trireme.frontend")
+
+STOP_GRACE_S = 60.0   # in-flight calls at SIGTERM; the scheduler's exit timeout comes first
 
 
 async def run(settings: FrontendSettings) -> None:
@@ -41,10 +44,11 @@ async def run(settings: FrontendSettings) -> None:
         loop.add_signal_handler(sig, stop.set)
     log.info("frontend %d serving http:%s grpc:%s", os.getpid(), settings.http_port, settings.grpc_port)
     await stop.wait()
-    if grpc_server is not None:
-        await grpc_server.stop(0.5)
-    if http is not None:
-        await http.stop()
+    # Both servers stop taking new calls and let the ones in flight finish together, for as
+    # long as HTTP allows: the scheduler answers every held request by --exit-timeout-secs
+    # (and kills a frontend still running half a second later), so gRPC callers get that
+    # answer rather than a cut stream.
+    await asyncio.gather(*(s.stop(STOP_GRACE_S) for s in (grpc_server, http) if s is not None))
     dp.close()
 
 
@@ -91,6 +95,8 @@ def add_frontend_args(p: argparse.ArgumentParser) -> list[argparse.Action]:
                             "triton-grpc-protocol-<key>: <value> (repeatable). Groups: as "
                             "--http-restricted-api"),
         *add_grpc_limit_args(p),
+        *add_tls_args(p, "grpc"),
+        *add_tls_args(p, "http"),
     ]
 
 
@@ -128,7 +134,21 @@ def settings_from_args(args: argparse.Namespace, scheduler_addr: str,
         http_max_connections=args.http_max_connections,
         restricted=Restrictions.parse(args.http_restricted_api or (),
                                       args.grpc_restricted_protocol or ()),
-        grpc_limits=grpc_limits_from_args(args))
+        grpc_limits=grpc_limits_from_args(args),
+        grpc_tls=tls_from_args(args, "grpc") if args.allow_grpc else None,
+        http_tls=tls_from_args(args, "http") if args.allow_http else None)
+
+
+def checked_settings(args: argparse.Namespace, scheduler_addr: str,
+                     result_addr: str = "") -> FrontendSettings:
+    """settings_from_args, with the TLS files read and checked: what a frontend would refuse
+    to start with is refused here, in words (TlsError). `trireme serve` calls it before it
+    starts a process."""
+    settings = settings_from_args(args, scheduler_addr, result_addr)
+    for tls in (settings.grpc_tls, settings.http_tls):
+        if tls is not None:
+            load(tls)
+    return settings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,7 +167,11 @@ def main(argv: list[str] | None = None) -> int:
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(run(settings_from_args(args, args.scheduler, args.result_addr)))
+    try:
+        settings = checked_settings(args, args.scheduler, args.result_addr)
+    except TlsError as e:
+        p.error(str(e))
+    asyncio.run(run(settings))
     return 0
 
 

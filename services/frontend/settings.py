@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from services.dataplane.settings import DataPlaneSettings
 from services.frontend.grpc.limits import GrpcLimits
 from services.frontend.restricted import Restrictions
+from services.frontend.tls import TlsConfig
 
 DEFAULT_HTTP_MAX_INPUT_SIZE = 64 * 1024 * 1024
 
@@ -48,6 +49,11 @@ class FrontendSettings(DataPlaneSettings):
     grpc_limits: GrpcLimits = field(default_factory=GrpcLimits)
     """gRPC message size, HTTP/2, timeout and keepalive limits (--grpc-max-message-size,
     --grpc-http2-*, --grpc-keepalive-*, ...; grpc/limits.py has each one and its default)."""
+    grpc_tls: TlsConfig | None = None
+    """gRPC over TLS (--grpc-use-ssl, --grpc-use-ssl-mutual, --grpc-server-cert,
+    --grpc-server-key, --grpc-root-cert; tls.py); None: plain text."""
+    http_tls: TlsConfig | None = None
+    """HTTPS (--http-use-ssl and the same four under --http-; tls.py); None: plain text."""
 
     def server_metadata(self) -> dict:
         return {"name": self.server_name, "version": self.server_version, "extensions": EXTENSIONS}

@@ -24,6 +24,7 @@ import time
 import models
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from conftest import alive, shm_segments, start_server, wait_until
 from models_python import HANG, python_model
@@ -164,3 +165,38 @@ def test_killed_scheduler_leaves_no_hung_worker(tmp_path_factory, model):
         wait_until(lambda: not shm_segments(family), 10, "their segments to go")
         t.join(10)
         assert not t.is_alive(), "the hung request's connection outlived the server"
+
+
+def test_a_grpc_call_in_flight_at_exit_gets_the_exit_timeout_error(tmp_path_factory):
+    """gRPC, like HTTP: a call held by a hung model at SIGTERM is answered with the exit
+    timeout's error, not cut when the frontend stops listening."""
+    root = repository(tmp_path_factory, "exit_grpc")
+    with start_server(root, "--exit-timeout-secs", str(EXIT_TIMEOUT_S)) as srv:
+        marker = srv.repo / "hang" / "hanging"
+        result: dict = {}
+
+        def send():
+            c = grpcclient.InferenceServerClient(srv.grpc_url)
+            try:
+                inp = grpcclient.InferInput("IN", [4], "FP32")
+                inp.set_data_from_numpy(np.ones(4, np.float32))
+                result["value"] = c.infer("hang", [inp], client_timeout=60)
+            except InferenceServerException as e:
+                result["error"] = e
+            finally:
+                result["at"] = time.monotonic()
+                c.close()
+        t = threading.Thread(target=send, daemon=True)
+        t.start()
+        wait_until(lambda: marker.exists() or not t.is_alive(), 60, "the request to hang")
+        t0 = time.monotonic()
+        srv.proc.send_signal(signal.SIGTERM)
+        assert srv.proc.wait(EXIT_TIMEOUT_S + 10) == 0
+        t.join(5)
+        assert not t.is_alive() and "error" in result, result
+        e = result["error"]
+        assert e.status() == "StatusCode.UNAVAILABLE", e
+        assert e.message() == ("model instance 'hang_0_0' of model 'hang' was still executing "
+                               f"when the exit timeout of {EXIT_TIMEOUT_S} s ended and was "
+                               "stopped: the server is shutting down")
+        assert result["at"] - t0 <= EXIT_TIMEOUT_S + 1, result["at"] - t0

@@ -7,9 +7,11 @@ from typing import Any
 import grpc
 
 from services.common.errors import TriremeError, socket_in_use
+from services.frontend import tls
 from services.frontend.grpc.limits import INT32_MAX, GrpcLimits
 from services.frontend.grpc.methods import MAX_GRPC_MESSAGE_SIZE, RpcMethod, address, grpc_status
 from services.frontend.settings import FrontendSettings
+from services.frontend.tls import TlsConfig
 
 
 class _Malformed:
@@ -87,6 +89,16 @@ def server_options(limits: GrpcLimits) -> list[tuple[str, int]]:
     return options
 
 
+def credentials(cfg: TlsConfig) -> grpc.ServerCredentials:
+    """Triton's (src/grpc/grpc_server.cc): the key and certificate pair; with mutual TLS the
+    root certificate and GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY, else no
+    client certificate is asked for. grpc core negotiates ALPN h2 itself. The files are
+    checked first (tls.load), so a bad one is refused in words rather than by grpc core."""
+    files = tls.load(cfg)
+    return grpc.ssl_server_credentials([(files.key, files.cert)], root_certificates=files.root,
+                                       require_client_auth=cfg.mutual)
+
+
 async def start_aio(methods: dict[str, RpcMethod], settings: FrontendSettings) -> Any:
     """grpc.aio serving ``methods`` on {host}:{grpc_port}, SO_REUSEPORT on."""
     limits = settings.grpc_limits
@@ -96,7 +108,10 @@ async def start_aio(methods: dict[str, RpcMethod], settings: FrontendSettings) -
         server.add_registered_method_handlers(service, handlers)
     where = address(settings.host, settings.grpc_port)
     try:
-        port = server.add_insecure_port(where)
+        if settings.grpc_tls is None:
+            port = server.add_insecure_port(where)
+        else:
+            port = server.add_secure_port(where, credentials(settings.grpc_tls))
     except RuntimeError as e:
         raise socket_in_use(where, e) from e
     if port == 0:

@@ -3,9 +3,10 @@
 Why not grpc.aio: it hands every call between grpc core's threads and the event loop
 (eventfd writes, futexes), several times the CPU per trivial RPC of a frame parser on the
 loop itself (docs/benchmarks.md, "Figures behind design choices"). Only what a gRPC server
-needs is here: prior-knowledge h2c, HEADERS/CONTINUATION (HPACK decoding by the `hpack`
-package), DATA with flow control both ways, SETTINGS, PING, WINDOW_UPDATE, RST_STREAM, GOAWAY. No
-server push, no priorities (PRIORITY frames are checked, counted and otherwise ignored).
+needs is here: prior-knowledge h2c or h2 over TLS (TlsH2Connection), HEADERS/CONTINUATION
+(HPACK decoding by the `hpack` package), DATA with flow control both ways, SETTINGS, PING,
+WINDOW_UPDATE, RST_STREAM, GOAWAY. No server push, no priorities (PRIORITY frames are
+checked, counted and otherwise ignored).
 
 The application gets one object per stream from ``open_stream(conn, stream_id, headers)``
 with three methods: ``data(view)`` (a memoryview into the received bytes), ``end()`` (the
@@ -36,7 +37,7 @@ from services.frontend.grpc.limits import GrpcLimits
 
 log = logging.getLogger(__name__)
 
-__all__ = ["H2Connection", "encode_literal_headers"]
+__all__ = ["H2Connection", "TlsH2Connection", "encode_literal_headers"]
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -876,6 +877,36 @@ class H2Connection(asyncio.Protocol):
             self._reading_paused = False
             t.resume_reading()
         self._arm("linger", self._limits.close_linger_s, self._abort)
+
+
+class TlsH2Connection(H2Connection):
+    """HTTP/2 over TLS. Created at accept, made (connection_made) once the TLS handshake is
+    done: the handshake timeout covers both, the TLS handshake (create_server's
+    ssl_handshake_timeout, the same figure) and then what is left of it for the preface and
+    SETTINGS. A connection that did not select "h2" by ALPN, one whose client offered none
+    included, is closed before we send a byte: RFC 9113 §3.3 negotiates HTTP/2 over TLS by
+    ALPN only (prior knowledge is for cleartext), and grpc core refuses such a peer too."""
+    __slots__ = ("_accepted",)
+
+    def __init__(self, open_stream: Callable[[H2Connection, int, list], Any],
+                 on_close: Callable[[H2Connection], None] | None = None,
+                 limits: GrpcLimits | None = None) -> None:
+        super().__init__(open_stream, on_close, limits)
+        self._accepted = self._loop.time()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        tls = transport.get_extra_info("ssl_object")
+        if tls is None or tls.selected_alpn_protocol() != "h2":
+            log.info('closing TLS connection: the client did not negotiate "h2" by ALPN '
+                     "(RFC 9113 §3.3)")
+            self._failed = True                # read nothing; connection_lost cleans up
+            transport.close()
+            return
+        super().connection_made(transport)
+        timeout = self._limits.handshake_timeout_s
+        if timeout and "handshake" in self._timers:
+            left = timeout - (self._loop.time() - self._accepted)
+            self._arm("handshake", max(left, 0.0), self._handshake_expired)
 
 
 class _ConnectionError(Exception):

@@ -26,7 +26,7 @@ import grpc
 from protos import grpc_service_pb2 as pb
 from services.common.errors import REPOSITORY_NAME_UNSUPPORTED, Code, TriremeError, unsupported
 from services.dataplane.api import DataPlaneAPI
-from services.frontend import stats_codec
+from services.frontend import stats_codec, tls
 from services.frontend.grpc import codec
 from services.frontend.restricted import GRPC_METHOD_GROUPS, Restriction, grpc_refusal_text
 from services.frontend.settings import FrontendSettings
@@ -308,13 +308,17 @@ async def start_grpc(dp: DataPlaneAPI, settings: FrontendSettings) -> Any:
         else:
             from services.frontend.grpc.native import NativeGrpcServer
             server = NativeGrpcServer(methods, settings.grpc_limits)
-        await server.start(settings.host, settings.grpc_port)
+        ssl_context = None
+        if settings.grpc_tls is not None:
+            ssl_context = tls.server_context(settings.grpc_tls, "h2")
+        await server.start(settings.host, settings.grpc_port, ssl_context)
     else:
         from services.frontend.grpc.aio_server import start_aio
         if restricted:
             methods = _restricted_aio_methods(methods, restricted)
         server = await start_aio(methods, settings)
-    log.info("Started GRPCInferenceService at %s", address(settings.host, server.trireme_port))
+    log.info("Started GRPCInferenceService at %s%s", address(settings.host, server.trireme_port),
+             tls.describe(settings.grpc_tls))
     return server
 
 

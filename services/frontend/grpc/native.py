@@ -16,10 +16,11 @@ import asyncio
 import logging
 import zlib
 from collections.abc import Mapping
+from ssl import SSLContext
 from typing import Any
 
 from services.common.errors import Code, TriremeError, socket_in_use
-from services.frontend.grpc.h2 import H2Connection, encode_literal_headers
+from services.frontend.grpc.h2 import H2Connection, TlsH2Connection, encode_literal_headers
 from services.frontend.grpc.limits import GrpcLimits
 
 log = logging.getLogger(__name__)
@@ -316,18 +317,30 @@ class NativeGrpcServer:
         self._server: asyncio.base_events.Server | None = None
         self.trireme_port = 0
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int, ssl: SSLContext | None = None) -> None:
+        """Listen; with ``ssl`` (tls.server_context, ALPN "h2") over TLS: the TLS handshake
+        and then the HTTP/2 preface and SETTINGS share one handshake timeout, and a
+        connection that did not negotiate "h2" is closed (h2.TlsH2Connection)."""
         loop = asyncio.get_running_loop()
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        tls: dict[str, Any] = {}
+        if ssl is not None:
+            tls = {"ssl": ssl, "ssl_handshake_timeout": self.limits.handshake_timeout_s or None}
         try:
-            self._server = await loop.create_server(self._connection, host or None, port,
-                                                    reuse_port=True, backlog=1024)
+            self._server = await loop.create_server(
+                self._connection if ssl is None else self._tls_connection, host or None, port,
+                reuse_port=True, backlog=1024, **tls)
         except OSError as e:
             raise socket_in_use(address, e) from e
         self.trireme_port = self._server.sockets[0].getsockname()[1]
 
     def _connection(self) -> H2Connection:
         conn = H2Connection(self._open_stream, self._connections.discard, self.limits)
+        self._connections.add(conn)
+        return conn
+
+    def _tls_connection(self) -> H2Connection:
+        conn = TlsH2Connection(self._open_stream, self._connections.discard, self.limits)
         self._connections.add(conn)
         return conn
 

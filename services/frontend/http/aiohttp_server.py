@@ -16,6 +16,7 @@ nor chunk boundaries); the native server, the default, has both.
 from __future__ import annotations
 
 import asyncio
+from ssl import SSLContext
 from typing import Any
 
 from aiohttp import HttpVersion11, web
@@ -242,9 +243,12 @@ class AioHttp:
     def port(self) -> int:
         return self._runner.addresses[0][1]
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int, ssl: SSLContext | None = None) -> None:
+        """Listen; with ``ssl`` (tls.server_context) serve HTTPS (the TLS handshake has
+        asyncio's default bound, 60 s: TCPSite passes no ssl_handshake_timeout)."""
         await self._runner.setup()
-        await web.TCPSite(self._runner, host, port, reuse_port=True, backlog=1024).start()
+        await web.TCPSite(self._runner, host, port, ssl_context=ssl, reuse_port=True,
+                          backlog=1024).start()
 
     async def stop(self, grace: float = 60.0) -> None:
         await self._runner.cleanup()   # waits for requests in flight (its shutdown_timeout)

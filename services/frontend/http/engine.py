@@ -44,6 +44,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from email.utils import formatdate
 from http import HTTPStatus
+from ssl import SSLContext
 from typing import Any
 from urllib.parse import unquote
 
@@ -614,10 +615,17 @@ class NativeHttpServer:
         and benchmarks drive one with a fake transport."""
         return _Connection(self)
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int, ssl: SSLContext | None = None) -> None:
+        """Listen; with ``ssl`` (tls.server_context) serve HTTPS. A connection is created at
+        accept and its first head is timed from then, so the TLS handshake counts against
+        the header timeout: asyncio bounds the handshake by it (ssl_handshake_timeout), the
+        timer the rest."""
         loop = asyncio.get_running_loop()
+        tls: dict[str, Any] = {}
+        if ssl is not None:
+            tls = {"ssl": ssl, "ssl_handshake_timeout": self.header_timeout or None}
         self._server = await loop.create_server(self.protocol, host or None, port,
-                                                reuse_port=True, backlog=1024)
+                                                reuse_port=True, backlog=1024, **tls)
         self.port = self._server.sockets[0].getsockname()[1]
         if self._check_every < math.inf:
             self._timer = loop.call_later(self._check_every, self._check_idle)

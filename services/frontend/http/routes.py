@@ -22,11 +22,12 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Awaitable, Callable
+from ssl import SSLContext
 from typing import Any
 
 from services.common.errors import REPOSITORY_NAME_UNSUPPORTED, Code, TriremeError, invalid_arg, unsupported
 from services.dataplane.api import DataPlaneAPI
-from services.frontend import stats_codec
+from services.frontend import stats_codec, tls
 from services.frontend.http import codec
 from services.frontend.http.message import BodyError, BodyTooLarge, Reply
 from services.frontend.restricted import Restriction, http_group, http_refusal_text
@@ -292,8 +293,8 @@ class _NativeHttp:
     def port(self) -> int:
         return self._server.port
 
-    async def start(self, host: str, port: int) -> None:
-        await self._server.start(host, port)
+    async def start(self, host: str, port: int, ssl: SSLContext | None = None) -> None:
+        await self._server.start(host, port, ssl)
 
     async def stop(self, grace: float = 60.0) -> None:
         await self._server.stop(grace)
@@ -308,7 +309,10 @@ async def start_http(dp: DataPlaneAPI, settings: FrontendSettings) -> Any:
     else:
         from services.frontend.http.aiohttp_server import AioHttp
         server = AioHttp(dp, settings)
-    await server.start(settings.host, settings.http_port)
-    log.info("Started HTTPService at %s:%d (%s)", settings.host, server.port,
-             settings.http_impl)
+    ssl_context = None
+    if settings.http_tls is not None:
+        ssl_context = tls.server_context(settings.http_tls, "http/1.1")
+    await server.start(settings.host, settings.http_port, ssl_context)
+    log.info("Started HTTPService at %s:%d (%s)%s", settings.host, server.port,
+             settings.http_impl, tls.describe(settings.http_tls))
     return server
