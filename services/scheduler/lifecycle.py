@@ -4,16 +4,10 @@ loaded, and the load / unload state machine that spawns and stops instance worke
     scan ─▶ config + auto-complete ─▶ first instance (completes IO from the file)
          ─▶ validate ─▶ remaining instances ─▶ READY            (any failure: UNAVAILABLE)
 
-Every model and version state transition happens here, also the ones a worker's death
-causes: the Scheduler (main.py) only routes its messages and process events to these methods.
-
-    worker exits ─▶ what it held fails ─▶ (backoff) restart ─▶ serving again
-                                                     └─ fails ─▶ instance lost: with none
-                                                        left the version is UNAVAILABLE
-
-    one execution outlasts the watchdog's limit (watchdog.py) ─▶ SIGKILL, what it held
-        fails UNAVAILABLE ─▶ with no live instance left the version is LOADING (not ready)
-        ─▶ the exit above restarts it ─▶ READY
+Every model and version state transition happens in ModelManager, also the ones a worker's
+death causes (its InstanceRecovery half, recovery.py: restarts, lost instances, watchdog
+kills): the Scheduler (main.py) only routes its messages and process events to its methods.
+The records it keeps per model are entries.py's.
 
 Stopping is bounded: an unload waits ``unload_timeout_s`` for the batches in flight, a
 shutdown its grace (--exit-timeout-secs); an instance still executing then is killed and
@@ -23,14 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import os
 import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -38,17 +30,11 @@ from protos import model_config_pb2 as mc
 from services.common import config as cfgmod
 from services.common import messages as m
 from services.common import repository as repo
-from services.common.datatypes import config_to_api
 from services.common.errors import Code, TriremeError, invalid_arg, not_ready_text, unknown_model
-from services.common.states import ModelState
-from services.scheduler.dispatch import Instance, VersionQueue
-from services.scheduler.watchdog import (
-    Watchdog,
-    execution_limit,
-    execution_timeout_text,
-    exit_timeout_text,
-    unload_timeout_text,
-)
+from services.scheduler.dispatch import Instance
+from services.scheduler.entries import READY, UNAVAILABLE, UNLOADING, ModelEntry, VersionState, model_info
+from services.scheduler.recovery import InstanceRecovery
+from services.scheduler.watchdog import Watchdog, execution_limit, exit_timeout_text, unload_timeout_text
 
 log = logging.getLogger("trireme.models")
 
@@ -56,62 +42,10 @@ RESTART_BACKOFF_S = 0.5
 UNLOAD_TIMEOUT_S = 30.0     # batches in flight get this long to finish when their model unloads
 KILL_AFTER_S = 0.5          # shutdown: an idle worker's SIGTERM is followed by SIGKILL after this
 DRAIN_POLL_S = 0.05
-READY, LOADING, UNAVAILABLE, UNLOADING = (ModelState.READY, ModelState.LOADING,
-                                          ModelState.UNAVAILABLE, ModelState.UNLOADING)
 _worker_ids = itertools.count(1)
 
 
-@dataclass
-class VersionState:
-    version: int
-    state: ModelState = LOADING
-    reason: str = ""
-    queue: VersionQueue | None = None
-
-
-@dataclass
-class ModelEntry:
-    name: str
-    path: Path | None = None
-    config: Any = None                        # completed mc.ModelConfig once loaded
-    versions: dict[int, VersionState] = field(default_factory=dict)
-    state: ModelState | None = None           # model-level state when no version exists
-    reason: str = ""
-    info: m.ModelInfo | None = None           # cached answer for frontends
-    instances: list[Instance] = field(default_factory=list)
-    fingerprint: str = ""                     # repository.fingerprint() when last (re)loaded
-    override_dir: Path | None = None          # temp model dir of a load's "file:" parameters
-
-    def ready_version(self, version: int) -> VersionState | None:
-        if version == 0:
-            ready = [v for v in self.versions.values() if v.state == READY]
-            return max(ready, key=lambda v: v.version) if ready else None
-        vs = self.versions.get(version)
-        return vs if vs is not None and vs.state == READY else None
-
-
-def _io_specs(ios, max_batch_size: int) -> list[m.IOSpec]:
-    return [m.IOSpec(io.name, config_to_api(mc.DataType.Name(io.data_type)),
-                     cfgmod.input_shape(io, max_batch_size),
-                     bool(getattr(io, "optional", False))) for io in ios]
-
-
-def model_info(entry: ModelEntry) -> m.ModelInfo:
-    versions = {v: s.state for v, s in entry.versions.items()}
-    cfg = entry.config
-    if cfg is None:
-        return m.ModelInfo(0, entry.name, versions=versions)
-    return m.ModelInfo(
-        0, entry.name, platform=cfg.platform or cfg.backend, backend=cfg.backend,
-        versions=versions, max_batch_size=cfg.max_batch_size,
-        inputs=_io_specs(cfg.input, cfg.max_batch_size),
-        outputs=_io_specs(cfg.output, cfg.max_batch_size),
-        config_json=json.dumps(cfgmod.config_to_json(cfg), separators=(",", ":")),
-        decoupled=cfg.model_transaction_policy.decoupled,
-        probe_ready=any(i.probe for i in entry.instances))
-
-
-class ModelManager:
+class ModelManager(InstanceRecovery):
     """Owns every ModelEntry; the Scheduler gives it the process and messaging hooks."""
 
     def __init__(self, repositories: list[Path], *, spawn_instance: Callable, stop_instance: Callable,
@@ -388,92 +322,6 @@ class ModelManager:
             await self.unload(name)
             self.models.pop(name, None)
             self.changed([name])
-
-    # ---------------------------------------------------------------- supervision
-    async def instance_exited(self, inst: Instance, code: int) -> None:
-        """A loaded instance's worker exited on its own (not stopped, not while loading):
-        what it held fails now; then it is restarted with the same config, unless the
-        server is shutting down or its model was unloaded or reloaded meanwhile. (An
-        instance the watchdog killed comes here too, with nothing left to fail.)"""
-        inst.loaded = False
-        why = (f"model instance '{inst.name}' of model '{inst.model}' exited unexpectedly "
-               f"(exit code {code}); the request was not completed")
-        entry = self._owner(inst)
-        vs = entry.versions.get(inst.version) if entry else None
-        if vs is not None and vs.queue is not None:
-            vs.queue.worker_died(inst, why)
-        if self._closing or inst.retired:
-            return
-        if entry is None or inst not in entry.instances or entry.config is None:
-            return
-        await asyncio.sleep(self.restart_backoff_s)
-        if self._closing or inst.retired or inst not in entry.instances:
-            return
-        await self._restart(entry, vs, inst)
-
-    def _owner(self, inst: Instance) -> ModelEntry | None:
-        """The entry an instance belongs to: its model's, or one being retired (a reload
-        keeps the old entry's workers until their batches are done)."""
-        for e in (self.models.get(inst.model), *self._retiring):
-            if e is not None and inst in e.instances:
-                return e
-        return self.models.get(inst.model)
-
-    def _execution_timed_out(self, queue: VersionQueue, inst: Instance, limit_s: float) -> None:
-        """The watchdog caught ``inst`` in one execution longer than ``limit_s``: kill it,
-        fail what it held (UNAVAILABLE, naming the limit). Its exit restarts it
-        (instance_exited); until then a version left with no live instance is LOADING,
-        so it reports not ready and turns new requests away (queued ones wait)."""
-        why = execution_timeout_text(inst, limit_s)
-        log.error("%s", why)
-        inst.loaded = False
-        if inst.handle is not None:
-            inst.handle.kill()
-        entry = self.models.get(inst.model)
-        vs = entry.versions.get(inst.version) if entry is not None else None
-        if (entry is not None and vs is not None and vs.queue is queue and vs.state == READY
-                and not self._closing and not inst.retired
-                and list(queue.instances) == [inst.worker_id]):
-            # Not ready before its requests fail: a client that asks once it has its error
-            # hears "not ready" (the frontends get this change first).
-            vs.state, vs.reason = LOADING, why
-            entry.info = None
-            self.changed([inst.model])
-        queue.worker_died(inst, why, Code.UNAVAILABLE)
-
-    async def _restart(self, entry: ModelEntry, vs: VersionState | None, inst: Instance) -> None:
-        """Bring an instance back with its model's completed config; one that cannot come
-        back is lost (instance_lost)."""
-        inst.loaded = False
-        try:
-            await self.spawn_instance(inst, entry.config.SerializeToString(), str(entry.path), False)
-        except TriremeError as e:
-            log.error("restart of %s failed: %s", inst.name, e.message)
-            self.instance_lost(entry, inst, e.message)
-            return
-        if self._closing or inst.retired:   # unloaded or shutting down while it started
-            await self._stop(inst)
-            return
-        if vs is not None and vs.queue is not None and inst in entry.instances:
-            vs.queue.add_instance(inst)
-            log.info("instance %s restarted (pid %d)", inst.name, inst.pid)
-            if vs.state == LOADING:   # the watchdog's restart: live again
-                vs.state, vs.reason = READY, ""
-                entry.info = None
-                self.changed([inst.model])
-
-    def instance_lost(self, entry: ModelEntry, inst: Instance, reason: str) -> None:
-        """An instance that cannot come back: with none left, the version is UNAVAILABLE and
-        what waits for it fails now instead of waiting forever."""
-        if inst in entry.instances:
-            entry.instances.remove(inst)
-        vs = entry.versions.get(inst.version)
-        if vs is None or vs.queue is None or vs.queue.instances:
-            return
-        vs.state, vs.reason = UNAVAILABLE, reason
-        vs.queue.fail_queued(Code.UNAVAILABLE, not_ready_text(inst.model, inst.version))
-        entry.info = None
-        self.changed([inst.model])
 
     def find_instance(self, worker_id: str) -> tuple[ModelEntry, Instance] | None:
         for e in self.models.values():

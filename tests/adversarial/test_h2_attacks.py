@@ -32,7 +32,7 @@ import psutil
 import tritonclient.grpc as grpcclient
 from hpack import Decoder
 
-from services.frontend.grpc.h2 import PREFACE, encode_literal_headers, frame_header
+from services.frontend.grpc.h2_frames import PREFACE, encode_literal_headers, frame_header
 
 DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, CONTINUATION = 0, 1, 3, 4, 6, 7, 9
 END_STREAM, ACK, END_HEADERS = 0x1, 0x1, 0x4

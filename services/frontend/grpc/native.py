@@ -20,7 +20,8 @@ from ssl import SSLContext
 from typing import Any
 
 from services.common.errors import Code, TriremeError, socket_in_use
-from services.frontend.grpc.h2 import H2Connection, TlsH2Connection, encode_literal_headers
+from services.frontend.grpc.h2 import H2Connection, TlsH2Connection
+from services.frontend.grpc.h2_frames import encode_literal_headers
 from services.frontend.grpc.limits import GrpcLimits
 
 log = logging.getLogger(__name__)

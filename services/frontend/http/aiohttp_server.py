@@ -23,8 +23,8 @@ from aiohttp import HttpVersion11, web
 
 from services.common.errors import unknown_expect_text
 from services.dataplane.api import DataPlaneAPI
-from services.frontend.http.codec import error_body
-from services.frontend.http.engine import BODY_MIN_RATE
+from services.frontend.http.json_body import error_body
+from services.frontend.http.limits import BODY_MIN_RATE
 from services.frontend.http.message import BodyError, BodyTooLarge, Reply
 from services.frontend.http.routes import Handlers
 from services.frontend.settings import FrontendSettings

@@ -1,25 +1,23 @@
-"""HTTP body codec: KServe v2 JSON and binary-tensor bodies <-> CoreRequest / CoreResponse.
+"""HTTP inference bodies: KServe v2 JSON and binary-tensor bodies <-> CoreRequest /
+CoreResponse, and the response's compression. (Other JSON bodies, the JSON parser and the
+nesting limit: http/json_body.py.)
 
 Pure functions on bytes, no aiohttp, so every rule here is unit-tested without a server.
 Behaviour and error texts follow Triton's src/http_server.cc (ParseJsonTritonIO,
-ParseJsonTritonParams, EVBufferToRawInput, FinalizeResponse, CompressionTypeUsed,
-HandleRepositoryControl) and core's raw-input deduction (InferenceRequest::Normalize).
+ParseJsonTritonParams, EVBufferToRawInput, FinalizeResponse, CompressionTypeUsed) and
+core's raw-input deduction (InferenceRequest::Normalize).
 Deliberate differences are marked "Differs from Triton".
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import functools
 import math
-import re
 import struct
 import zlib
 from typing import Any
 
 import msgspec
-import numpy as np
 import orjson
 
 from services.common.datatypes import (
@@ -29,155 +27,24 @@ from services.common.datatypes import (
     json_to_buffer,
     numbers_to_buffer,
 )
-from services.common.errors import TriremeError, internal, invalid_arg, unrecognized_load_parameter
+from services.common.errors import TriremeError, internal, invalid_arg
 from services.dataplane.types import CoreRequest, CoreResponse, InputTensor, RequestedOutput
+from services.frontend.http.json_body import MAX_DATA_NESTING, check_nesting, decode_json, json_object
 
 __all__ = [
     "compress",
-    "decode_index_request",
     "decode_infer_request",
-    "decode_json",
-    "decode_load_request",
     "decode_raw_request",
-    "decode_unload_request",
     "encode_infer_response",
-    "encode_json",
-    "error_body",
     "parse_header_length",
     "response_encoding",
-    "size_limit_message",
 ]
 
-encode_json = msgspec.json.Encoder().encode
 # Inference responses: orjson writes the numpy arrays of JSON outputs without a Python
 # number per element, half the cost of a list through msgspec for a [1,1024] FP32 output.
 _encode_response = functools.partial(orjson.dumps, option=orjson.OPT_SERIALIZE_NUMPY)
-_decode = msgspec.json.Decoder().decode
 _U32 = struct.Struct("<I")
-_MSGSPEC_ERROR = re.compile(r"^(?:JSON is malformed: )?(.*?)(?: \(byte (\d+)\))?$")
 _SHM_KEYS = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
-# Triton's HTTP_MAX_JSON_NESTING_DEPTH (src/common.h): a tensor's JSON "data" nested this
-# deep is refused, in these words (ReadDataFromJson prefixes "Unable to parse 'data'" for
-# every datatype but BYTES).
-MAX_DATA_NESTING = 100
-NESTING_TEXT = f"JSON nesting depth exceeds maximum allowed limit ({MAX_DATA_NESTING})"
-# A document deeper than msgspec can decode (it recurses, ~1000 levels) is decoded with
-# every value below this depth replaced by 0 (_shallow). Nothing valid nests that deep, so
-# the answer is the one the same document gets from Triton, whose parser has no depth limit:
-# the error of the field that holds the deep value.
-_KEPT_DEPTH = 128
-_SCAN = 1 << 18             # bytes per step of _shallow's scan (bounded temporaries)
-
-
-def error_body(message: str) -> bytes:
-    """Triton's error body: {"error": "<message>"}."""
-    return encode_json({"error": message})
-
-
-def size_limit_message(kind: str, size: int | None, limit: int) -> str:
-    """Text for a body over --http-max-input-size (Triton: "Request JSON size of N bytes
-    exceeds the maximum allowed value of M bytes. Use --http-max-input-size to increase
-    the limit."). `size` None: the body was streamed and reading stopped at the limit."""
-    got = f"{size}" if size is not None else f"more than {limit}"
-    return (f"{kind} size of {got} bytes exceeds the maximum allowed value of {limit} "
-            f"bytes. Use --http-max-input-size to increase the limit.")
-
-
-# ---- JSON ------------------------------------------------------------------------------
-
-def decode_json(buf: Any) -> Any:
-    """Parse a JSON document; errors read like Triton's (rapidjson wording where it maps):
-    "failed to parse the request JSON buffer: <reason> at <offset>". Any depth: a document
-    nested deeper than msgspec's recursion allows is read with its deep values cut off
-    (_shallow), never a RecursionError (which would be a 500)."""
-    try:
-        return _decode(buf)
-    except (msgspec.DecodeError, ValueError) as e:
-        raise invalid_arg(_json_error_text(e, buf)) from None
-    except RecursionError:
-        pass
-    try:
-        return _decode(_shallow(buf))
-    except (msgspec.DecodeError, ValueError) as e:
-        raise invalid_arg(_json_error_text(e, buf)) from None
-    except RecursionError:   # only if the stack was nearly spent already
-        raise invalid_arg("failed to parse the request JSON buffer: the document is nested "
-                          "too deeply") from None
-
-
-def _shallow(buf: Any) -> bytes:
-    """``buf`` with each array or object that starts deeper than _KEPT_DEPTH levels replaced
-    by ``0``. One vectorised scan, a slice at a time: string contents (escapes included) do
-    not count as brackets. The result nests at most _KEPT_DEPTH + 1 levels."""
-    data = np.frombuffer(buf, np.uint8)
-    parts: list[bytes] = []
-    depth = 0               # nesting before the slice
-    in_string = 0           # 1: the slice starts inside a string
-    backslashes = 0         # backslashes that end the previous slice
-    deep_before = False     # the previous slice ends inside a replaced value
-    for start in range(0, data.size, _SCAN):
-        c = data[start:start + _SCAN]
-        opens = (c == 91) | (c == 123)
-        closes = (c == 93) | (c == 125)
-        quote = c == 34
-        if in_string or quote.any():
-            slash = c == 92
-            if backslashes or slash.any():   # a quote after an odd run of them is escaped
-                index = np.arange(c.size, dtype=np.int32)
-                last_other = np.maximum.accumulate(
-                    np.where(slash, np.int32(-1 - backslashes), index))
-                run = index[1:] - 1 - last_other[:-1]
-                quote[0] &= backslashes % 2 == 0
-                quote[1:] &= run % 2 == 0
-                backslashes = int(c.size - 1 - last_other[-1]) if slash[-1] else 0
-            before = np.cumsum(quote, dtype=np.int32)
-            before -= quote
-            before += in_string
-            outside = (before & 1) == 0
-            opens &= outside
-            closes &= outside
-            in_string = int(before[-1] + quote[-1]) & 1
-        else:
-            backslashes = 0                      # (outside strings they mean nothing)
-        step = opens.view(np.int8) - closes.view(np.int8)
-        after = np.cumsum(step, dtype=np.int32)
-        after += depth
-        deep = after > _KEPT_DEPTH
-        deep |= (after - step) > _KEPT_DEPTH
-        first = deep.copy()
-        first[1:] &= ~deep[:-1]
-        first[0] &= not deep_before
-        kept = c.copy()
-        kept[first] = 48                         # "0" for the whole deep value
-        parts.append(kept[~deep | first].tobytes())
-        depth = int(after[-1])
-        deep_before = bool(deep[-1])
-    return b"".join(parts)
-
-
-def _json_error_text(exc: Exception, buf: Any) -> str:
-    data = bytes(buf)
-    m = _MSGSPEC_ERROR.match(str(exc))
-    reason, offset = (m.group(1), m.group(2)) if m else (str(exc), None)
-    if not data.strip():
-        reason, offset = "The document is empty.", len(data)
-    elif reason.startswith("invalid character"):
-        reason = "Invalid value."
-    elif reason.startswith("trailing characters"):
-        reason = "The document root must not be followed by other values."
-    elif "truncated" in reason:
-        reason, offset = "Unexpected end of the document.", len(data)
-    elif isinstance(exc, UnicodeDecodeError):
-        reason, offset = "Invalid encoding in string.", exc.start
-    elif reason:
-        reason = reason[0].upper() + reason[1:] + ("" if reason.endswith(".") else ".")
-    return f"failed to parse the request JSON buffer: {reason} at {offset or 0}"
-
-
-def _object(doc: Any, what: str) -> dict:
-    if type(doc) is not dict:
-        raise invalid_arg(f"Unable to parse '{what}': expected a JSON object")
-    return doc
 
 
 def _uint(value: Any) -> bool:
@@ -236,7 +103,7 @@ def decode_infer_request(model: str, version: str, body: Any,
         if fast is not None:
             return fast
         header_length = end
-    doc = _object(decode_json(mv[:header_length] if header_length < end else body), "inputs")
+    doc = json_object(decode_json(mv[:header_length] if header_length < end else body), "inputs")
 
     req_id = doc.get("id", "")
     if type(req_id) is not str:
@@ -369,24 +236,9 @@ def _decode_input(model: str, item: Any, mv: memoryview, offset: int, end: int,
     # JSON data. Differs from Triton: FP16/BF16 are accepted here (Triton refuses them).
     data = item["data"]
     if nesting and type(data) is list:
-        _check_nesting(data, datatype)
+        check_nesting(data, datatype)
     data = json_to_buffer(name, datatype, shape, data) if math.prod(shape) else b""
     return InputTensor(name, datatype, shape, data, params), offset
-
-
-def _check_nesting(data: list, datatype: str) -> None:
-    """Triton's depth limit on a tensor's "data": a value (array or not) at depth
-    MAX_DATA_NESTING, the data array itself at depth 0, is refused. Level by level, each
-    level's lists found at C speed: a flat list costs one pass of ``map(type, ...)``."""
-    level = [data]
-    for _ in range(MAX_DATA_NESTING - 1):
-        deeper = [x for lst in level if list in map(type, lst) for x in lst if type(x) is list]
-        if not deeper:
-            return
-        level = deeper
-    if any(level):                 # a non-empty list at depth 99: a value at depth 100
-        raise invalid_arg(NESTING_TEXT if datatype == "BYTES"
-                          else f"Unable to parse 'data': {NESTING_TEXT}")
 
 
 def _decode_output(item: Any) -> RequestedOutput:
@@ -545,51 +397,3 @@ def response_encoding(accept_encoding: str) -> str | None:
 def compress(body: bytes, encoding: str) -> bytes:
     """gzip (RFC 1952) or deflate (zlib stream, RFC 1950, as HTTP means it)."""
     return zlib.compress(body, 6, 31 if encoding == "gzip" else 15)
-
-
-# ---- model repository requests ----------------------------------------------------------
-
-def decode_index_request(body: Any) -> bool:
-    """Repository index body {"ready": bool} (optional) -> ready_only."""
-    if not body:
-        return False
-    ready = _object(decode_json(body), "ready").get("ready", False)
-    if type(ready) is not bool:
-        raise invalid_arg("Invalid value for 'ready': expected a boolean")  # Triton's
-    return ready
-
-
-def decode_load_request(body: Any) -> dict[str, Any]:
-    """Load body {"parameters": {"config": str, "file:<v>/<name>": base64 str}} -> the
-    data plane's parameters, file contents decoded to bytes."""
-    if not body:
-        return {}
-    params = _object(decode_json(body), "parameters").get("parameters", {})
-    params = _object(params, "parameters")
-    out: dict[str, Any] = {}
-    for key, value in params.items():
-        if type(value) is not str:
-            raise invalid_arg(f"Unable to parse parameter '{key}': expected a string")
-        if key == "config":
-            out[key] = value
-        elif key.startswith("file:"):
-            try:
-                out[key] = base64.b64decode(value)
-            except (binascii.Error, ValueError):
-                raise invalid_arg(f"Unable to parse parameter '{key}': invalid base64 "
-                                  f"content") from None
-        else:  # Triton answers 500 "unexpected error on creating Triton parameter"
-            raise unrecognized_load_parameter(key)  # as our gRPC
-    return out
-
-
-def decode_unload_request(body: Any) -> dict[str, Any]:
-    """Unload body {"parameters": {"unload_dependents": bool}} (optional)."""
-    unload_dependents = False
-    if body:
-        params = _object(decode_json(body), "parameters").get("parameters", {})
-        value = _object(params, "parameters").get("unload_dependents", False)
-        if type(value) is not bool:
-            raise invalid_arg("Unable to parse 'unload_dependents': expected a boolean")
-        unload_dependents = value
-    return {"unload_dependents": unload_dependents}

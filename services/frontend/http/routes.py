@@ -28,7 +28,7 @@ from typing import Any
 from services.common.errors import REPOSITORY_NAME_UNSUPPORTED, Code, TriremeError, invalid_arg, unsupported
 from services.dataplane.api import DataPlaneAPI
 from services.frontend import stats_codec, tls
-from services.frontend.http import codec
+from services.frontend.http import codec, json_body
 from services.frontend.http.message import BodyError, BodyTooLarge, Reply
 from services.frontend.restricted import Restriction, http_group, http_refusal_text
 from services.frontend.settings import FrontendSettings
@@ -71,7 +71,7 @@ def _json_reply(payload: bytes, status: int = 200) -> Reply:
 
 
 def _error_reply(status: int, message: str, headers: dict | None = None) -> Reply:
-    return Reply(status, codec.error_body(message), _JSON, headers)
+    return Reply(status, json_body.error_body(message), _JSON, headers)
 
 
 def _refusal(restriction: Restriction) -> Reply:
@@ -102,7 +102,7 @@ class Handlers:
     def __init__(self, dp: DataPlaneAPI, settings: FrontendSettings) -> None:
         self.dp = dp
         self.limit = settings.http_max_input_size
-        self._metadata = codec.encode_json(settings.server_metadata())
+        self._metadata = json_body.encode_json(settings.server_metadata())
         self._exact = {
             "/v2": self.server_metadata,
             "/v2/health/live": self.health_live,
@@ -164,7 +164,7 @@ class Handlers:
             return _error_reply(http_status(e.code), e.message)
         except BodyError as e:
             # The rest of the body cannot be skipped: 400, and the connection closes.
-            return Reply(400, codec.error_body(f"failed to read the request body: {e}"),
+            return Reply(400, json_body.error_body(f"failed to read the request body: {e}"),
                          _JSON, close=True)
         except Exception as e:
             log.exception("HTTP %s %s failed", request.method, path)
@@ -176,7 +176,7 @@ class Handlers:
         try:
             return await request.read()
         except BodyTooLarge as e:
-            raise invalid_arg(codec.size_limit_message(kind, e.size, self.limit)) from None
+            raise invalid_arg(json_body.size_limit_message(kind, e.size, self.limit)) from None
 
     # ---- health and metadata ------------------------------------------------------------
     async def health_live(self, request: Any) -> Reply:
@@ -197,7 +197,7 @@ class Handlers:
     async def model_metadata(self, request: Any, model: str, version: str) -> Reply:
         if request.method != "GET":
             return _NOT_ALLOWED
-        return _json_reply(codec.encode_json(await self.dp.model_metadata(model, version)))
+        return _json_reply(json_body.encode_json(await self.dp.model_metadata(model, version)))
 
     async def model_ready(self, request: Any, model: str, version: str) -> Reply:
         if request.method != "GET":
@@ -209,7 +209,7 @@ class Handlers:
     async def model_config(self, request: Any, model: str, version: str) -> Reply:
         if request.method != "GET":
             return _NOT_ALLOWED
-        return _json_reply(codec.encode_json(await self.dp.model_config(model, version)))
+        return _json_reply(json_body.encode_json(await self.dp.model_config(model, version)))
 
     # ---- statistics -------------------------------------------------------------------
     async def all_model_stats(self, request: Any) -> Reply:
@@ -219,7 +219,7 @@ class Handlers:
         if request.method != "GET":
             return _NOT_ALLOWED
         stats = await self.dp.statistics(model, version)
-        return _json_reply(codec.encode_json(stats_codec.stats_to_json(stats)))
+        return _json_reply(json_body.encode_json(stats_codec.stats_to_json(stats)))
 
     # ---- model repository ---------------------------------------------------------------
     async def repository(self, request: Any, repo: str | None, model: str | None,
@@ -228,14 +228,14 @@ class Handlers:
             return _NOT_ALLOWED
         body = await self._body(request, "Request JSON")
         if model is None:  # index; Triton ignores a repository name here
-            ready_only = codec.decode_index_request(body)
-            return _json_reply(codec.encode_json(await self.dp.repository_index(ready_only)))
+            ready_only = json_body.decode_index_request(body)
+            return _json_reply(json_body.encode_json(await self.dp.repository_index(ready_only)))
         if repo:
             raise unsupported(REPOSITORY_NAME_UNSUPPORTED)
         if action == "load":
-            await self.dp.load_model(model, codec.decode_load_request(body))
+            await self.dp.load_model(model, json_body.decode_load_request(body))
         else:
-            await self.dp.unload_model(model, codec.decode_unload_request(body))
+            await self.dp.unload_model(model, json_body.decode_unload_request(body))
         return Reply(200, b"", _JSON)
 
     # ---- inference ----------------------------------------------------------------------

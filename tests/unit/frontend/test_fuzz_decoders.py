@@ -25,6 +25,7 @@ from protos import grpc_service_pb2 as pb
 from services.common.errors import TriremeError
 from services.frontend.grpc import codec as grpc_codec
 from services.frontend.http import codec as http_codec
+from services.frontend.http import json_body as http_json
 from services.frontend.http.routes import http_status
 
 FUZZ = settings(max_examples=200, deadline=None, derandomize=True, database=None,
@@ -249,13 +250,13 @@ def test_http_repository_index_deeply_nested():
     """Triton's qa/L0_http test_repository_index_deeply_nested_json, on the decoder."""
     depth = 250_000
     with pytest.raises(TriremeError) as e:
-        http_codec.decode_index_request(b'{"ready":' + b"[" * depth + b"true" + b"]" * depth
-                                        + b"}")
+        http_json.decode_index_request(b'{"ready":' + b"[" * depth + b"true" + b"]" * depth
+                                       + b"}")
     assert e.value.message == "Invalid value for 'ready': expected a boolean"
 
 
 def _shallow_reference(doc: bytes, keep: int) -> bytes:
-    """http_codec._shallow, a byte at a time."""
+    """http_json._shallow, a byte at a time."""
     out, depth, in_string, escaped, deep = bytearray(), 0, False, False, False
     for b in doc:
         if in_string:
@@ -291,12 +292,12 @@ def _shallow_reference(doc: bytes, keep: int) -> bytes:
        scan=st.integers(1, 64), keep=st.integers(0, 6))
 def test_shallow_scan_matches_a_bytewise_reference(doc, scan, keep):
     """The vectorised scan, cut into slices of any size, against the plain loop."""
-    saved = http_codec._SCAN, http_codec._KEPT_DEPTH
-    http_codec._SCAN, http_codec._KEPT_DEPTH = scan, keep
+    saved = http_json._SCAN, http_json._KEPT_DEPTH
+    http_json._SCAN, http_json._KEPT_DEPTH = scan, keep
     try:
-        assert http_codec._shallow(doc) == _shallow_reference(doc, keep)
+        assert http_json._shallow(doc) == _shallow_reference(doc, keep)
     finally:
-        http_codec._SCAN, http_codec._KEPT_DEPTH = saved
+        http_json._SCAN, http_json._KEPT_DEPTH = saved
 
 
 # ---- gRPC -----------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from hpack import Decoder
 
 from protos import grpc_service_pb2 as pb
 from services.common.errors import Code, TriremeError
-from services.frontend.grpc.h2 import PREFACE, encode_literal_headers, frame_header
+from services.frontend.grpc.h2_frames import PREFACE, encode_literal_headers, frame_header
 from services.frontend.grpc.methods import start_grpc
 from services.frontend.settings import FrontendSettings
 from tests.unit.frontend.test_grpc_codec import FakeDataPlane, echo_request

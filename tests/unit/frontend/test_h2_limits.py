@@ -19,7 +19,7 @@ import pytest
 from protos import grpc_service_pb2 as pb
 from services.frontend.grpc import h2
 from services.frontend.grpc.aio_server import server_options
-from services.frontend.grpc.h2 import PREFACE, encode_literal_headers, frame_header
+from services.frontend.grpc.h2_frames import PREFACE, encode_literal_headers, frame_header
 from services.frontend.grpc.limits import GrpcLimits, add_grpc_limit_args
 from services.frontend.grpc.methods import rpc_methods, start_grpc
 from services.frontend.grpc.native import NativeGrpcServer

@@ -11,7 +11,8 @@ import re
 
 import pytest
 
-from services.frontend.http.engine import MAX_QUEUED, NativeHttpServer
+from services.frontend.http.engine import NativeHttpServer
+from services.frontend.http.limits import MAX_QUEUED
 from services.frontend.http.message import Reply
 from services.frontend.http.routes import start_http
 from services.frontend.settings import FrontendSettings

@@ -18,7 +18,7 @@ import pytest
 
 from services.common.errors import Code, TriremeError
 from services.dataplane.types import CoreRequest, CoreResponse, OutputTensor, RequestedOutput
-from services.frontend.http import codec
+from services.frontend.http import codec, json_body
 
 
 def _body(doc: dict, *tensors: bytes) -> tuple[bytes, int]:
@@ -348,34 +348,34 @@ def test_compress():
 # ---- repository bodies -----------------------------------------------------------------
 
 def test_repository_bodies():
-    assert codec.decode_index_request(b"") is False
-    assert codec.decode_index_request(b'{"ready": true}') is True
-    assert _raises(codec.decode_index_request, b'{"ready": 1}') == \
+    assert json_body.decode_index_request(b"") is False
+    assert json_body.decode_index_request(b'{"ready": true}') is True
+    assert _raises(json_body.decode_index_request, b'{"ready": 1}') == \
         "Invalid value for 'ready': expected a boolean"  # Triton's text
     cfg = '{"backend": "onnxruntime"}'
     body = json.dumps({"parameters": {
         "config": cfg, "file:1/model.onnx": base64.b64encode(b"\x00\x01onnx").decode()}})
-    assert codec.decode_load_request(body.encode()) == {
+    assert json_body.decode_load_request(body.encode()) == {
         "config": cfg, "file:1/model.onnx": b"\x00\x01onnx"}
-    assert codec.decode_load_request(b"") == {}
+    assert json_body.decode_load_request(b"") == {}
     assert "Unable to parse parameter 'config'" in \
-        _raises(codec.decode_load_request, b'{"parameters": {"config": {}}}')
-    assert codec.decode_unload_request(b"") == {"unload_dependents": False}
-    assert codec.decode_unload_request(
+        _raises(json_body.decode_load_request, b'{"parameters": {"config": {}}}')
+    assert json_body.decode_unload_request(b"") == {"unload_dependents": False}
+    assert json_body.decode_unload_request(
         b'{"parameters": {"unload_dependents": true}}') == {"unload_dependents": True}
     assert "Unable to parse 'unload_dependents'" in _raises(
-        codec.decode_unload_request, b'{"parameters": {"unload_dependents": "y"}}')
+        json_body.decode_unload_request, b'{"parameters": {"unload_dependents": "y"}}')
 
 
 def test_error_body_and_size_message():
-    assert json.loads(codec.error_body("boom")) == {"error": "boom"}
-    msg = codec.size_limit_message("Request JSON", 2048, 1024)
+    assert json.loads(json_body.error_body("boom")) == {"error": "boom"}
+    msg = json_body.size_limit_message("Request JSON", 2048, 1024)
     assert msg == ("Request JSON size of 2048 bytes exceeds the maximum allowed value of 1024 "
                    "bytes. Use --http-max-input-size to increase the limit.")
 
 
 def test_unknown_load_parameter():
-    assert _raises(codec.decode_load_request, b'{"parameters": {"bogus": "x"}}') == \
+    assert _raises(json_body.decode_load_request, b'{"parameters": {"bogus": "x"}}') == \
         "unrecognized load parameter 'bogus'."
 
 

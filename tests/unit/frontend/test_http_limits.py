@@ -17,7 +17,8 @@ import time
 import psutil
 import pytest
 
-from services.frontend.http.engine import BODY_MIN_RATE, NativeHttpServer
+from services.frontend.http.engine import NativeHttpServer
+from services.frontend.http.limits import BODY_MIN_RATE
 from services.frontend.http.message import CHUNKS_TEXT, MAX_CHUNKS, Reply, Request
 from services.frontend.http.routes import Handlers, start_http
 from services.frontend.main import add_frontend_args, frontend_argv, settings_from_args

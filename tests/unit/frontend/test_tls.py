@@ -23,7 +23,7 @@ import trustme
 
 from protos import grpc_service_pb2 as pb
 from services.frontend import tls
-from services.frontend.grpc.h2 import PREFACE, SETTINGS, frame_header
+from services.frontend.grpc.h2_frames import PREFACE, SETTINGS, frame_header
 from services.frontend.grpc.limits import GrpcLimits
 from services.frontend.grpc.methods import start_grpc
 from services.frontend.http.engine import NativeHttpServer

@@ -128,8 +128,8 @@ def test_blocks_a_dead_frontend_never_released_are_freed_after_a_grace_period(tm
     """Results the frontend received but never released (it died with them unread): the
     worker learns of the death on its next send there, and frees their blocks once a
     release the frontend may have sent before dying has had time to arrive."""
-    import services.workers.main as worker_main
-    monkeypatch.setattr(worker_main, "_ORPHAN_GRACE_S", 0.3)
+    import services.workers.results as worker_results
+    monkeypatch.setattr(worker_results, "_ORPHAN_GRACE_S", 0.3)
     address = f"unix://{tmp_path}/results.sock"
     arena = Arena("out")
     first = FakeFrontend(address)

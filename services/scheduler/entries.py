@@ -1,0 +1,68 @@
+"""What the ModelManager (lifecycle.py) keeps per model: its entry, the state of each
+version, and the ModelInfo frontends are answered with, rendered from an entry."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from protos import model_config_pb2 as mc
+from services.common import config as cfgmod
+from services.common import messages as m
+from services.common.datatypes import config_to_api
+from services.common.states import ModelState
+from services.scheduler.dispatch import Instance, VersionQueue
+
+READY, LOADING, UNAVAILABLE, UNLOADING = (ModelState.READY, ModelState.LOADING,
+                                          ModelState.UNAVAILABLE, ModelState.UNLOADING)
+
+
+@dataclass
+class VersionState:
+    version: int
+    state: ModelState = LOADING
+    reason: str = ""
+    queue: VersionQueue | None = None
+
+
+@dataclass
+class ModelEntry:
+    name: str
+    path: Path | None = None
+    config: Any = None                        # completed mc.ModelConfig once loaded
+    versions: dict[int, VersionState] = field(default_factory=dict)
+    state: ModelState | None = None           # model-level state when no version exists
+    reason: str = ""
+    info: m.ModelInfo | None = None           # cached answer for frontends
+    instances: list[Instance] = field(default_factory=list)
+    fingerprint: str = ""                     # repository.fingerprint() when last (re)loaded
+    override_dir: Path | None = None          # temp model dir of a load's "file:" parameters
+
+    def ready_version(self, version: int) -> VersionState | None:
+        if version == 0:
+            ready = [v for v in self.versions.values() if v.state == READY]
+            return max(ready, key=lambda v: v.version) if ready else None
+        vs = self.versions.get(version)
+        return vs if vs is not None and vs.state == READY else None
+
+
+def _io_specs(ios, max_batch_size: int) -> list[m.IOSpec]:
+    return [m.IOSpec(io.name, config_to_api(mc.DataType.Name(io.data_type)),
+                     cfgmod.input_shape(io, max_batch_size),
+                     bool(getattr(io, "optional", False))) for io in ios]
+
+
+def model_info(entry: ModelEntry) -> m.ModelInfo:
+    versions = {v: s.state for v, s in entry.versions.items()}
+    cfg = entry.config
+    if cfg is None:
+        return m.ModelInfo(0, entry.name, versions=versions)
+    return m.ModelInfo(
+        0, entry.name, platform=cfg.platform or cfg.backend, backend=cfg.backend,
+        versions=versions, max_batch_size=cfg.max_batch_size,
+        inputs=_io_specs(cfg.input, cfg.max_batch_size),
+        outputs=_io_specs(cfg.output, cfg.max_batch_size),
+        config_json=json.dumps(cfgmod.config_to_json(cfg), separators=(",", ":")),
+        decoupled=cfg.model_transaction_policy.decoupled,
+        probe_ready=any(i.probe for i in entry.instances))

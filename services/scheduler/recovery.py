@@ -1,0 +1,126 @@
+"""What a worker's death or a watchdog kill does to its model: the ModelManager's
+(lifecycle.py) supervision half, as a mixin of it.
+
+    worker exits ─▶ what it held fails ─▶ (backoff) restart ─▶ serving again
+                                                     └─ fails ─▶ instance lost: with none
+                                                        left the version is UNAVAILABLE
+
+    one execution outlasts the watchdog's limit (watchdog.py) ─▶ SIGKILL, what it held
+        fails UNAVAILABLE ─▶ with no live instance left the version is LOADING (not ready)
+        ─▶ the exit above restarts it ─▶ READY
+
+ModelManager inherits these methods: the state transitions they make follow the same
+rules as its loads and unloads (lifecycle.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from services.common.errors import Code, TriremeError, not_ready_text
+from services.scheduler.dispatch import Instance, VersionQueue
+from services.scheduler.entries import LOADING, READY, UNAVAILABLE, ModelEntry, VersionState
+from services.scheduler.watchdog import execution_timeout_text
+
+log = logging.getLogger("trireme.models")
+
+
+class InstanceRecovery:
+    """ModelManager's supervision methods; the state they use is ModelManager's."""
+
+    models: dict[str, ModelEntry]
+    spawn_instance: Callable
+    changed: Callable[[list[str]], None]
+    restart_backoff_s: float
+    _retiring: list[ModelEntry]
+    _closing: bool
+
+    if TYPE_CHECKING:
+        def _stop(self, inst: Instance) -> asyncio.Future: ...
+
+    async def instance_exited(self, inst: Instance, code: int) -> None:
+        """A loaded instance's worker exited on its own (not stopped, not while loading):
+        what it held fails now; then it is restarted with the same config, unless the
+        server is shutting down or its model was unloaded or reloaded meanwhile. (An
+        instance the watchdog killed comes here too, with nothing left to fail.)"""
+        inst.loaded = False
+        why = (f"model instance '{inst.name}' of model '{inst.model}' exited unexpectedly "
+               f"(exit code {code}); the request was not completed")
+        entry = self._owner(inst)
+        vs = entry.versions.get(inst.version) if entry else None
+        if vs is not None and vs.queue is not None:
+            vs.queue.worker_died(inst, why)
+        if self._closing or inst.retired:
+            return
+        if entry is None or inst not in entry.instances or entry.config is None:
+            return
+        await asyncio.sleep(self.restart_backoff_s)
+        if self._closing or inst.retired or inst not in entry.instances:
+            return
+        await self._restart(entry, vs, inst)
+
+    def _owner(self, inst: Instance) -> ModelEntry | None:
+        """The entry an instance belongs to: its model's, or one being retired (a reload
+        keeps the old entry's workers until their batches are done)."""
+        for e in (self.models.get(inst.model), *self._retiring):
+            if e is not None and inst in e.instances:
+                return e
+        return self.models.get(inst.model)
+
+    def _execution_timed_out(self, queue: VersionQueue, inst: Instance, limit_s: float) -> None:
+        """The watchdog caught ``inst`` in one execution longer than ``limit_s``: kill it,
+        fail what it held (UNAVAILABLE, naming the limit). Its exit restarts it
+        (instance_exited); until then a version left with no live instance is LOADING,
+        so it reports not ready and turns new requests away (queued ones wait)."""
+        why = execution_timeout_text(inst, limit_s)
+        log.error("%s", why)
+        inst.loaded = False
+        if inst.handle is not None:
+            inst.handle.kill()
+        entry = self.models.get(inst.model)
+        vs = entry.versions.get(inst.version) if entry is not None else None
+        if (entry is not None and vs is not None and vs.queue is queue and vs.state == READY
+                and not self._closing and not inst.retired
+                and list(queue.instances) == [inst.worker_id]):
+            # Not ready before its requests fail: a client that asks once it has its error
+            # hears "not ready" (the frontends get this change first).
+            vs.state, vs.reason = LOADING, why
+            entry.info = None
+            self.changed([inst.model])
+        queue.worker_died(inst, why, Code.UNAVAILABLE)
+
+    async def _restart(self, entry: ModelEntry, vs: VersionState | None, inst: Instance) -> None:
+        """Bring an instance back with its model's completed config; one that cannot come
+        back is lost (instance_lost)."""
+        inst.loaded = False
+        try:
+            await self.spawn_instance(inst, entry.config.SerializeToString(), str(entry.path), False)
+        except TriremeError as e:
+            log.error("restart of %s failed: %s", inst.name, e.message)
+            self.instance_lost(entry, inst, e.message)
+            return
+        if self._closing or inst.retired:   # unloaded or shutting down while it started
+            await self._stop(inst)
+            return
+        if vs is not None and vs.queue is not None and inst in entry.instances:
+            vs.queue.add_instance(inst)
+            log.info("instance %s restarted (pid %d)", inst.name, inst.pid)
+            if vs.state == LOADING:   # the watchdog's restart: live again
+                vs.state, vs.reason = READY, ""
+                entry.info = None
+                self.changed([inst.model])
+
+    def instance_lost(self, entry: ModelEntry, inst: Instance, reason: str) -> None:
+        """An instance that cannot come back: with none left, the version is UNAVAILABLE and
+        what waits for it fails now instead of waiting forever."""
+        if inst in entry.instances:
+            entry.instances.remove(inst)
+        vs = entry.versions.get(inst.version)
+        if vs is None or vs.queue is None or vs.queue.instances:
+            return
+        vs.state, vs.reason = UNAVAILABLE, reason
+        vs.queue.fail_queued(Code.UNAVAILABLE, not_ready_text(inst.model, inst.version))
+        entry.info = None
+        self.changed([inst.model])

@@ -1,0 +1,169 @@
+"""A worker's results on their way to the frontends: a mixin of the Worker (main.py),
+whose state it uses.
+
+One connection per frontend result address, kept. A connection found broken (its frontend
+died; `trireme serve` respawns one on the same address) is replaced and the message sent
+once more; an address that cannot be reached is remembered a while, so that the next try
+is a quick one. Output blocks sent are tracked until the frontend releases them; those of
+a frontend that died unread are freed after a grace period.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from services.common import messages as m
+from services.common import transport
+from services.common.errors import Code
+from services.common.shm import Arena
+
+log = logging.getLogger("trireme.worker")
+
+# How long a worker tries to reach a frontend's result socket: on one host it is there or
+# gone at once; across hosts this bounds how long a dead frontend stalls the worker.
+_RESULT_CONNECT_S = 2.0
+# A reconnect after a broken result connection, or a connect to a frontend that was just
+# unreachable: one try (a listening Unix socket accepts at once).
+_RESULT_RECONNECT_S = 0.1
+_UNREACHABLE_KEPT = 256   # result addresses remembered as unreachable (BLS clients come and go)
+# Output blocks sent to a frontend that then died unread are freed this long after its
+# connection is found broken: a release it sent before dying may still be on its way
+# (through the scheduler), and a block must not be reused before that release is seen.
+_ORPHAN_GRACE_S = 10.0
+
+
+class ResultSender:
+    """The Worker's result sockets, retries and lent-block tracking."""
+
+    pushers: dict[str, Any]
+    unreachable: dict[str, float]
+    lent: dict[tuple[str, int], str]
+    orphans: dict[tuple[str, int], float]
+    arena: Arena | None
+    lock: threading.Lock
+    model: str
+
+    def _flush(self, replies: dict) -> None:
+        for address, (results, frames) in replies.items():
+            self._push(address, results[0] if len(results) == 1 else m.InferResults(results), frames)
+
+    def _push(self, address: str, msg: Any, frames: list[Any] = ()) -> None:
+        """Send results to a frontend's result socket (under self.lock). A connection found
+        broken (its frontend died; `trireme serve` respawns one on the same address) is
+        replaced by a fresh one and the message sent once more, so a respawned frontend
+        gets every result meant for it. A message that still cannot go has nobody waiting
+        for it: its output blocks are freed here."""
+        try:
+            parts = m.encode(msg, frames)
+        except m.ENCODE_ERRORS:
+            msg, parts = self._encodable(msg, frames)
+        retried = False
+        while True:
+            conn = self.pushers.get(address)
+            fresh = conn is None
+            try:
+                if conn is None:
+                    # First contact waits for the socket a while; a reconnect, or a frontend
+                    # that was unreachable just now, gets one quick try: a result for a
+                    # frontend that is listening again connects at once, and one for a
+                    # frontend that is gone must not stall this worker's other batches.
+                    quick = retried or address in self.unreachable
+                    conn = transport.connect_blocking(
+                        address, timeout=_RESULT_RECONNECT_S if quick else _RESULT_CONNECT_S)
+                    self.pushers[address] = conn
+                conn.send(parts)
+                self.unreachable.pop(address, None)
+                if self.arena is not None:
+                    self._lend(address, msg)
+                return
+            except OSError as e:
+                gone = self.pushers.pop(address, None)
+                if gone is not None:
+                    gone.close()
+                    self._orphan(address)
+                if fresh or retried:   # a fresh connection failed: that frontend is gone
+                    log.warning("cannot send results to %s: %s", address, e)
+                    break
+                log.info("result connection to %s broke (%s); reconnecting", address, e)
+                retried = True
+        if len(self.unreachable) >= _UNREACHABLE_KEPT:
+            self.unreachable.clear()
+        self.unreachable[address] = time.monotonic()
+        self._free_unsent(msg)
+
+    def _encodable(self, msg: Any, frames: list[Any]) -> tuple[Any, list[Any]]:
+        """``msg`` failed to encode (a model's value msgpack cannot hold): every result
+        that encodes alone goes as it is, each other one becomes an error for its request.
+        Returns the message to send and its parts."""
+        results = [msg] if isinstance(msg, m.InferResult) else msg.results
+        kept = []
+        for r in results:
+            why = m.unencodable(r)
+            if why is not None:
+                log.error("result of request %d cannot be sent: %s", r.req_id, why)
+                self._free_unsent(r)
+                r = m.InferResult(r.req_id, error=m.ErrorRecord(
+                    int(Code.INTERNAL), f"model '{self.model}' returned a response that "
+                                        f"cannot be sent: {type(why).__name__}: {why}"),
+                    stream=r.stream, order=r.order, final=r.final)
+            kept.append(r)
+        msg = kept[0] if len(kept) == 1 else m.InferResults(kept)
+        return msg, m.encode(msg, frames)
+
+    def _lend(self, address: str, msg: Any) -> None:
+        lent = self.lent
+        for r in [msg] if isinstance(msg, m.InferResult) else msg.results:
+            for ref in r.outputs:
+                if ref.segment:
+                    lent[(ref.segment, ref.offset)] = address
+        if self.orphans:
+            self._free_orphans(time.monotonic())
+
+    def _orphan(self, address: str) -> None:
+        """The connection to ``address`` broke: the frontend that got the blocks lent to it
+        died and will release none of them (any release it sent first still counts)."""
+        if not self.lent:
+            return
+        deadline = time.monotonic() + _ORPHAN_GRACE_S
+        for block in [b for b, a in self.lent.items() if a == address]:
+            del self.lent[block]
+            self.orphans[block] = deadline
+
+    def _free_orphans(self, now: float) -> None:
+        assert self.arena is not None   # blocks are lent only from an arena
+        for block in [b for b, t in self.orphans.items() if t <= now]:
+            del self.orphans[block]
+            try:
+                self.arena.free(*block)
+            except KeyError:
+                log.warning("free of unknown block %s@%d", *block)
+
+    def _free_unsent(self, msg: Any) -> None:
+        """Free the output blocks of results that will never reach their consumer (the
+        caller holds self.lock)."""
+        if self.arena is None:
+            return
+        for r in [msg] if isinstance(msg, m.InferResult) else msg.results:
+            for ref in r.outputs:
+                if ref.segment:
+                    try:
+                        self.arena.free(ref.segment, ref.offset)
+                    except KeyError:
+                        log.warning("free of unknown block %s@%d", ref.segment, ref.offset)
+
+    def release(self, blocks: list[tuple[str, int]]) -> None:
+        if self.arena is None:
+            return
+        with self.lock:
+            lent, orphans = self.lent, self.orphans
+            for segment, offset in blocks:
+                if lent.pop((segment, offset), None) is None and orphans:
+                    orphans.pop((segment, offset), None)   # released within the grace period
+                try:
+                    self.arena.free(segment, offset)
+                except KeyError:
+                    log.warning("release of unknown block %s@%d", segment, offset)
+            if orphans:
+                self._free_orphans(time.monotonic())
