@@ -150,11 +150,12 @@ class Client(threading.Thread):
                 self.errors.append((self.port, self.made, f"wrong answer: {e}"))
             conn.close()
             while not self.stop.is_set():
+                started = time.monotonic()   # a SYN queued at the dying listener fails later
                 try:
                     conn = self._connect()
                     break
-                except OSError as e:   # excused only while the killed frontend was dying
-                    self.errors.append((-1, time.monotonic(), f"connect: {e}"))
+                except OSError as e:   # excused only if tried while the killed frontend was dying
+                    self.errors.append((-1, started, f"connect: {e}"))
         conn.close()
 
 
