@@ -97,9 +97,8 @@ class ResultSender:
         """``msg`` failed to encode (a model's value msgpack cannot hold): every result
         that encodes alone goes as it is, each other one becomes an error for its request.
         Returns the message to send and its parts."""
-        results = [msg] if isinstance(msg, m.InferResult) else msg.results
         kept = []
-        for r in results:
+        for r in _results(msg):
             why = m.unencodable(r)
             if why is not None:
                 log.error("result of request %d cannot be sent: %s", r.req_id, why)
@@ -114,7 +113,7 @@ class ResultSender:
 
     def _lend(self, address: str, msg: Any) -> None:
         lent = self.lent
-        for r in [msg] if isinstance(msg, m.InferResult) else msg.results:
+        for r in _results(msg):
             for ref in r.outputs:
                 if ref.segment:
                     lent[(ref.segment, ref.offset)] = address
@@ -132,26 +131,26 @@ class ResultSender:
             self.orphans[block] = deadline
 
     def _free_orphans(self, now: float) -> None:
-        assert self.arena is not None   # blocks are lent only from an arena
         for block in [b for b, t in self.orphans.items() if t <= now]:
             del self.orphans[block]
-            try:
-                self.arena.free(*block)
-            except KeyError:
-                log.warning("free of unknown block %s@%d", *block)
+            self._free(block)
 
     def _free_unsent(self, msg: Any) -> None:
         """Free the output blocks of results that will never reach their consumer (the
         caller holds self.lock)."""
         if self.arena is None:
             return
-        for r in [msg] if isinstance(msg, m.InferResult) else msg.results:
+        for r in _results(msg):
             for ref in r.outputs:
                 if ref.segment:
-                    try:
-                        self.arena.free(ref.segment, ref.offset)
-                    except KeyError:
-                        log.warning("free of unknown block %s@%d", ref.segment, ref.offset)
+                    self._free((ref.segment, ref.offset))
+
+    def _free(self, block: tuple[str, int]) -> None:
+        assert self.arena is not None   # blocks are lent, orphaned or unsent only from an arena
+        try:
+            self.arena.free(*block)
+        except KeyError:
+            log.warning("free of unknown block %s@%d", *block)
 
     def release(self, blocks: list[tuple[str, int]]) -> None:
         if self.arena is None:
@@ -159,11 +158,14 @@ class ResultSender:
         with self.lock:
             lent, orphans = self.lent, self.orphans
             for segment, offset in blocks:
-                if lent.pop((segment, offset), None) is None and orphans:
-                    orphans.pop((segment, offset), None)   # released within the grace period
-                try:
-                    self.arena.free(segment, offset)
-                except KeyError:
-                    log.warning("release of unknown block %s@%d", segment, offset)
+                block = (segment, offset)
+                if lent.pop(block, None) is None and orphans:
+                    orphans.pop(block, None)   # released within the grace period
+                self._free(block)
             if orphans:
                 self._free_orphans(time.monotonic())
+
+
+def _results(msg: Any) -> list[m.InferResult]:
+    """The results one message carries (InferResult or InferResults)."""
+    return [msg] if isinstance(msg, m.InferResult) else msg.results
