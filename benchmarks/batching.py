@@ -61,7 +61,9 @@ What it does (see docs/benchmarks.md for the latest numbers and how to read them
 
 Needs `wrk` on PATH (apt-get install wrk) and matplotlib (pip install -e '.[bench]').
 
-Code: this file, with bench_server.py (model config text, `trireme serve`, counters, /proc
+Code: this file (arguments, the run, the printed report), batching_runs.py (configurations,
+repository, server checks, statistics, batch-64 probe, in-process timing), batching_plot.py
+(tables and plot), with bench_server.py (model config text, `trireme serve`, counters, /proc
 CPU accounting) and bench_load.py (onnxruntime ceiling, wrk runner) from this folder.
 """
 from __future__ import annotations
@@ -72,346 +74,35 @@ import shutil
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_load import expected, http_json_body, ort_ceiling, run_wrk
-from bench_server import (
-    MAX_BATCH,
-    MODEL_THREADS,
-    ROOT,
-    Server,
-    log,
-    machine_info,
-    model_config,
-    models,
-    wait_quiet,
+from batching_plot import fmt, load_table, ort_table, plot, ratio_rows, ratio_table
+from batching_runs import (
+    CONFIGS,
+    ORT_BATCHES,
+    PROBE_BATCH,
+    TARGET_RATIO,
+    THREADS,
+    WIDTH,
+    Run,
+    build_repository,
+    check_answer,
+    check_config,
+    get_stats,
+    measure_ort,
+    probe_batch,
+    stats_delta,
+    stats_summary,
 )
-
-WIDTH = 1024
-# Inputs and outputs written out: without them the server auto-completes the config with
-# Triton's onnxruntime rules, which turn on `dynamic_batching { }` for any model with
-# max_batch_size > 1 and no scheduler, and the "off" configurations would batch too.
-IO = (f'input [{{ name: "INPUT0", data_type: TYPE_FP32, dims: [ {WIDTH} ] }}]\n'
-      f'output [{{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ {WIDTH} ] }}]\n')
-THREADS = MODEL_THREADS["mlp"]          # intra_op_thread_count 2
-ORT_BATCHES = (1, 8, 64)
-PROBE_BATCH = 64
-TARGET_RATIO = 1.3                      # worker compute_infer per row / in-process, batch 64
-
-
-@dataclass
-class Config:
-    name: str
-    label: str
-    instances: int
-    batching: bool
-
-
-CONFIGS = [Config("mlp_off_x1", "batching off, 1 instance", 1, False),
-           Config("mlp_on_x1", "batching on, 1 instance", 1, True),
-           Config("mlp_off_x2", "batching off, 2 instances", 2, False),
-           Config("mlp_on_x2", "batching on, 2 instances", 2, True)]
-
-
-@dataclass
-class Run:
-    model: str
-    label: str
-    concurrency: int
-    wrk_threads: int
-    throughput: float
-    p50_ms: float
-    p99_ms: float
-    requests: int
-    errors: int                    # wrk non-2xx + socket errors
-    server_ok: float               # nv_inference_request_success delta
-    server_fail: float             # nv_inference_request_failure delta
-    count_ok: bool                 # server_ok consistent with wrk's request count
-    metrics_mean_batch: float | None
-    stats: dict | None             # statistics-extension delta, None when unavailable
-    other_cpu_pct: float
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return self.errors == 0 and self.server_fail == 0 and self.count_ok
-
-
-# --------------------------------------------------------------------------- repository
-
-def build_repository(root: Path, queue_delay_us: int) -> tuple[Path, dict[str, str]]:
-    repo = root / "models"
-    first = repo / CONFIGS[0].name
-    models.mlp(first, width=WIDTH, layers=3)
-    texts = {}
-    db = f"max_queue_delay_microseconds: {queue_delay_us}" if queue_delay_us else ""
-    for c in CONFIGS:
-        d = repo / c.name
-        if d != first:
-            shutil.copytree(first / "1", d / "1")
-        texts[c.name] = model_config(c.name, THREADS, c.instances,
-                                     db if c.batching else None, MAX_BATCH, IO)
-        models.write_config(d, texts[c.name])
-    return repo, texts
-
-
-# --------------------------------------------------------------------------- server checks
-
-def check_answer(srv: Server, model: str, x: np.ndarray, want: np.ndarray) -> None:
-    """The exact JSON body wrk sends, once, checked against onnxruntime."""
-    req = urllib.request.Request(f"http://{srv.http}/v2/models/{model}/infer",
-                                 data=http_json_body(model, x).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        out = json.loads(r.read())["outputs"][0]
-    got = np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
-    if not np.allclose(got, want, rtol=1e-4, atol=1e-4):
-        raise AssertionError(f"{model}: wrong output over HTTP")
-
-
-def check_config(srv: Server, c: Config) -> None:
-    """The configuration the server actually runs (after auto-complete) is the one meant."""
-    with urllib.request.urlopen(f"http://{srv.http}/v2/models/{c.name}/config", timeout=10) as r:
-        cfg = json.loads(r.read())
-    has_db = "dynamic_batching" in cfg
-    count = sum(int(g.get("count", 1)) for g in cfg.get("instance_group", []))
-    if has_db != c.batching or count != c.instances:
-        raise AssertionError(f"{c.name}: the server runs dynamic_batching={has_db}, "
-                             f"{count} instance(s); expected {c.batching}, {c.instances}")
-
-
-def get_stats(srv: Server, model: str) -> dict | None:
-    """model_stats[0] of GET /v2/models/<model>/stats, or None when it does not answer."""
-    try:
-        with urllib.request.urlopen(f"http://{srv.http}/v2/models/{model}/stats",
-                                    timeout=5) as r:
-            body = json.loads(r.read())
-        return body["model_stats"][0]
-    except (OSError, ValueError, KeyError, IndexError, urllib.error.HTTPError):
-        return None
-
-
-def stats_delta(a: dict | None, b: dict | None) -> dict | None:
-    """What one load run added: execution/inference counts and, per executed batch size,
-    [executions, compute_infer ns]."""
-    if not a or not b:
-        return None
-    try:
-        def batches(s: dict) -> dict[int, tuple[int, int]]:
-            return {int(x["batch_size"]): (int(x["compute_infer"]["count"]),
-                                           int(x["compute_infer"]["ns"]))
-                    for x in s.get("batch_stats", [])}
-        ba, bb = batches(a), batches(b)
-        out = {}
-        for bs, (cnt, ns) in bb.items():
-            c0, n0 = ba.get(bs, (0, 0))
-            if cnt - c0 > 0:
-                out[bs] = [cnt - c0, ns - n0]
-        return {"execution_count": int(b["execution_count"]) - int(a["execution_count"]),
-                "inference_count": int(b["inference_count"]) - int(a["inference_count"]),
-                "batches": dict(sorted(out.items()))}
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
-def stats_summary(s: dict | None) -> dict:
-    """mean batch, largest batch, its executions and compute_infer µs per row."""
-    if not s or not s["execution_count"]:
-        return {}
-    bs = max(s["batches"]) if s["batches"] else None
-    out = {"mean_batch": s["inference_count"] / s["execution_count"]}
-    rows = sum(b * cnt for b, (cnt, _) in s["batches"].items())
-    if rows:
-        out["us_per_row_all"] = sum(ns for _, ns in s["batches"].values()) / rows / 1e3
-    if bs:
-        cnt, ns = s["batches"][bs]
-        out |= {"largest": bs, "largest_execs": cnt, "us_per_row": ns / cnt / bs / 1e3}
-    return out
-
-
-# --------------------------------------------------------------------------- tables
-
-def fmt(v: float | None, spec: str = ",.3f", none: str = "n/a") -> str:
-    return none if v is None else format(v, spec)
-
-
-def load_table(runs: list[Run]) -> str:
-    out = ["| configuration | model | conc. | infer/s | p50 ms | p99 ms | errors | "
-           "requests (wrk / server ok) | mean batch (stats) | mean batch (metrics) | "
-           "largest batch (executions) | worker compute_infer µs/row @ largest | "
-           "… all batches | notes |",
-           "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|"]
-    for r in runs:
-        s = stats_summary(r.stats)
-        notes = []
-        if r.wrk_threads != 2:
-            notes.append(f"wrk -t{r.wrk_threads}")
-        if not r.count_ok:
-            notes.append("**server success count does not match wrk**")
-        if r.other_cpu_pct > 20:
-            notes.append(f"**contended: other processes {r.other_cpu_pct:.0f}% of a core**")
-        errs = (f"{r.errors + r.server_fail:.0f}" if r.ok or not r.count_ok else
-                f"**{r.errors} client, {r.server_fail:.0f} server**")
-        largest = (f"{s['largest']} ({s['largest_execs']:,})" if "largest" in s else "n/a")
-        out.append(
-            f"| {r.label} | {r.model} | {r.concurrency} | {r.throughput:,.0f} | "
-            f"{r.p50_ms:.3f} | {r.p99_ms:.3f} | {errs} | {r.requests:,} / {r.server_ok:,.0f} | "
-            f"{fmt(s.get('mean_batch'), '.2f')} | {fmt(r.metrics_mean_batch, '.2f')} | "
-            f"{largest} | {fmt(s.get('us_per_row'), ',.1f')} | "
-            f"{fmt(s.get('us_per_row_all'), ',.1f')} | {'; '.join(notes)} |")
-    return "\n".join(out)
-
-
-def ort_table(ort: dict[int, dict]) -> str:
-    out = ["| batch | ms per batch (mean) | p50 ms | p99 ms | µs per row | rows/s |",
-           "|---:|---:|---:|---:|---:|---:|"]
-    for bs, o in sorted(ort.items()):
-        out.append(f"| {bs} | {o['ms_per_batch']:.3f} | {o['p50_ms']:.3f} | {o['p99_ms']:.3f} | "
-                   f"{o['us_per_row']:.1f} | {o['rows_per_s']:,.0f} |")
-    return "\n".join(out)
-
-
-def ratio_rows(runs: list[Run], ort: dict[int, dict]) -> list[dict]:
-    rows = []
-    for r in runs:
-        s = stats_summary(r.stats)
-        if "largest" not in s or s["largest"] not in ort:
-            continue
-        base = ort[s["largest"]]["us_per_row"]
-        rows.append({"model": r.model, "label": r.label, "concurrency": r.concurrency,
-                     "batch": s["largest"], "executions": s["largest_execs"],
-                     "worker_us_per_row": s["us_per_row"], "inprocess_us_per_row": base,
-                     "ratio": s["us_per_row"] / base})
-    return rows
-
-
-def ratio_table(rows: list[dict]) -> str:
-    out = ["| configuration | conc. | batch size (largest) | executions | worker µs/row | "
-           "in-process µs/row | ratio | target |",
-           "|---|---:|---:|---:|---:|---:|---:|---|"]
-    for r in rows:
-        tgt = ""
-        if r["batch"] == 64 and r["executions"] < 20:
-            tgt = "(too few executions to judge)"
-        elif r["batch"] == 64:
-            tgt = f"≤ {TARGET_RATIO}×: " + ("yes" if r["ratio"] <= TARGET_RATIO else "**MISS**")
-        out.append(f"| {r['label']} | {r['concurrency']} | {r['batch']} | {r['executions']:,} | "
-                   f"{r['worker_us_per_row']:.1f} | {r['inprocess_us_per_row']:.1f} | "
-                   f"{r['ratio']:.2f}× | {tgt} |")
-    return "\n".join(out)
-
-
-# --------------------------------------------------------------------------- plot
-
-def plot(runs: list[Run], ort: dict[int, dict], conc: list[int], path: Path, title: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.6))
-    styles = {"mlp_off_x1": ("tab:blue", "--", "o"), "mlp_on_x1": ("tab:blue", "-", "s"),
-              "mlp_off_x2": ("tab:orange", "--", "o"), "mlp_on_x2": ("tab:orange", "-", "s")}
-    for c in CONFIGS:
-        rs = sorted((r for r in runs if r.model == c.name), key=lambda r: r.concurrency)
-        if not rs:
-            continue
-        color, ls, mk = styles[c.name]
-        xs = [r.concurrency for r in rs]
-        a1.plot(xs, [r.throughput for r in rs], color=color, ls=ls, marker=mk, label=c.label)
-        a2.plot(xs, [r.p99_ms for r in rs], color=color, ls=ls, marker=mk, label=c.label)
-    # The in-process ceiling as text: as lines they would flatten the measured ones.
-    ceil = [f"batch {bs}: {ort[bs]['rows_per_s']:,.0f} rows/s" for bs in ORT_BATCHES if bs in ort]
-    if ceil:
-        a1.text(0.02, 0.98, "in-process onnxruntime (ceiling)\n" + "\n".join(ceil),
-                transform=a1.transAxes, va="top", fontsize=8, color="dimgray")
-    for ax, ylabel in ((a1, "throughput (infer/s)"), (a2, "p99 latency (ms)")):
-        ax.set_xscale("log")
-        ax.set_xticks(conc)
-        ax.set_xticklabels([str(c) for c in conc])
-        ax.minorticks_off()
-        ax.set_xlabel("concurrency (wrk connections, batch-1 requests)")
-        ax.set_ylabel(ylabel)
-        ax.grid(True, alpha=0.3)
-    a1.set_ylim(bottom=0)
-    a2.set_yscale("log")
-    a1.set_title("throughput")
-    a2.set_title("p99 latency")
-    a1.legend(fontsize=8, loc="lower right")
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-# --------------------------------------------------------------------------- main
-
-def probe_batch(srv: Server, model: str, bs: int, n: int, mfile: Path,
-                rounds: int = 4) -> dict | None:
-    """n sequential requests of bs rows each (tritonclient.http, binary data) to a model
-    without dynamic batching: every execution is exactly bs rows, so the statistics give the
-    worker's compute_infer at that batch size without depending on how the batcher groups
-    batch-1 requests. In-process onnxruntime (same file, same thread count) runs between
-    the rounds of requests, n runs in all, while the worker is idle: on a machine whose
-    speed drifts, the ratio then compares two figures taken in the same minutes."""
-    import onnxruntime as ort
-    import tritonclient.http as tc
-    x = np.random.default_rng(2).random((bs, WIDTH), dtype=np.float32)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = THREADS
-    sess = ort.InferenceSession(str(mfile), opts, providers=["CPUExecutionProvider"])
-    feed = {"INPUT0": x}
-    client = tc.InferenceServerClient(srv.http, network_timeout=60)
-    inp = tc.InferInput("INPUT0", [bs, WIDTH], "FP32")
-    inp.set_data_from_numpy(x)
-    out = [tc.InferRequestedOutput("OUTPUT0")]
-    per_round = max(1, n // rounds)
-    cnt = ns = 0
-    local_ns = 0
-    wall = 0.0
-    try:
-        for _ in range(max(3, n // 10)):
-            client.infer(model, [inp], outputs=out)
-            sess.run(None, feed)
-        for _ in range(rounds):
-            a = get_stats(srv, model)
-            t0 = time.perf_counter()
-            for _ in range(per_round):
-                client.infer(model, [inp], outputs=out)
-            wall += time.perf_counter() - t0
-            d = stats_delta(a, get_stats(srv, model))
-            if not d or bs not in d["batches"]:
-                return None
-            cnt += d["batches"][bs][0]
-            ns += d["batches"][bs][1]
-            t1 = time.perf_counter_ns()
-            for _ in range(per_round):
-                sess.run(None, feed)
-            local_ns += time.perf_counter_ns() - t1
-    finally:
-        client.close()
-    return {"model": model, "batch": bs, "requests": per_round * rounds, "executions": cnt,
-            "worker_us_per_row": ns / cnt / bs / 1e3,
-            "inprocess_us_per_row": local_ns / (per_round * rounds) / bs / 1e3,
-            "client_ms_per_request": wall / (per_round * rounds) * 1e3}
-
-
-def measure_ort(mfile: Path, bs: int, quick: bool) -> dict:
-    n = {1: 2000, 8: 1000}.get(bs, 200 if bs >= 32 else 500)
-    if quick:
-        n = max(50, n // 5)
-    p50, p99, rows_s = ort_ceiling(mfile, THREADS, bs, n, WIDTH)
-    return {"batch": bs, "calls": n, "p50_ms": p50, "p99_ms": p99, "rows_per_s": rows_s,
-            "ms_per_batch": bs / rows_s * 1e3, "us_per_row": 1e6 / rows_s}
+from bench_load import expected, run_wrk
+from bench_server import MAX_BATCH, ROOT, Server, log, machine_info, wait_quiet
 
 
 def main() -> int:
-    global THREADS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="3 s load runs, 1 s warm-ups")
     ap.add_argument("--duration", type=int, default=None, help="seconds per load run (8)")
@@ -431,8 +122,7 @@ def main() -> int:
                          "0 with --quick)")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs)")
     args = ap.parse_args()
-    if args.threads:
-        THREADS = args.threads
+    threads = args.threads or THREADS
 
     duration = args.duration or (3 if args.quick else 8)
     warmup = 1.0 if args.quick else 2.0
@@ -466,15 +156,15 @@ def main() -> int:
     stats_seen = False
     probe = None
     try:
-        repo, texts = build_repository(tmp, args.queue_delay_us)
+        repo, texts = build_repository(tmp, args.queue_delay_us, threads)
         mfile = repo / CONFIGS[0].name / "1" / "model.onnx"
         x = np.random.default_rng(1).random((1, WIDTH), dtype=np.float32)
         want = expected("mlp", x, mfile)
 
         for bs in ORT_BATCHES:
             quiet()
-            log(f"in-process onnxruntime, batch {bs}, intra_op {THREADS}")
-            ort[bs] = measure_ort(mfile, bs, args.quick)
+            log(f"in-process onnxruntime, batch {bs}, intra_op {threads}")
+            ort[bs] = measure_ort(mfile, bs, args.quick, threads)
 
         srv = Server(repo, args.frontends, tmp / "server.log")
         log(f"starting: {' '.join(srv.cmd)}")
@@ -520,7 +210,8 @@ def main() -> int:
         quiet()
         n_probe = 40 if args.quick else 200
         log(f"{CONFIGS[0].name}: {n_probe} sequential batch-{PROBE_BATCH} requests")
-        probe = probe_batch(srv, CONFIGS[0].name, PROBE_BATCH, n_probe, mfile)
+        probe = probe_batch(srv, CONFIGS[0].name, PROBE_BATCH, n_probe, mfile,
+                            threads=threads)
     except BaseException:
         if srv is not None:
             log("server log tail:\n" + srv.tail())
@@ -540,7 +231,7 @@ def main() -> int:
         for bs in extra:
             quiet()
             log(f"in-process onnxruntime, batch {bs} (a largest batch seen in a run)")
-            ort[bs] = measure_ort(mfile, bs, True)
+            ort[bs] = measure_ort(mfile, bs, True, threads)
     finally:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -552,11 +243,11 @@ def main() -> int:
     print(load_table(runs))
     print(f"\n(one server, four models; batching on = `{db}`, preferred_batch_size "
           f"[{MAX_BATCH}] by default; max_batch_size {MAX_BATCH}; intra_op_thread_count "
-          f"{THREADS}; {duration} s per run after a {warmup:g} s warm-up. Errors: wrk non-2xx "
+          f"{threads}; {duration} s per run after a {warmup:g} s warm-up. Errors: wrk non-2xx "
           "+ socket errors + the scheduler's failure counter. Stats columns: the difference of "
           "GET /v2/models/<m>/stats around the measured run"
           + ("" if stats_seen else "; the endpoint did not answer (n/a)") + ".)\n")
-    print(f"## In-process onnxruntime (intra_op {THREADS}, same model file; server stopped)\n")
+    print(f"## In-process onnxruntime (intra_op {threads}, same model file; server stopped)\n")
     print(ort_table(ort))
     print("\n## Worker compute_infer per row vs in-process, at the largest batch of each run\n")
     if probe:
@@ -588,7 +279,7 @@ def main() -> int:
              "0 errors in every run") + ")\n")
 
     if not args.no_plot:
-        title = (f"Trireme, 3x1024 MLP (intra_op {THREADS}), HTTP JSON batch-1, wrk; "
+        title = (f"Trireme, 3x1024 MLP (intra_op {threads}), HTTP JSON batch-1, wrk; "
                  f"{info['nproc']} CPUs; {duration} s per point; batching on = {db}")
         plot(runs, ort, conc, args.plot, title)
         log(f"wrote {args.plot}")
