@@ -71,6 +71,7 @@ def main() -> None:
             fport, wport = f"ipc://{tmp}/f-{label}.sock", f"ipc://{tmp}/w-{label}.sock"
             cmd = [sys.executable, "-m", "services.cli", "scheduler", "--model-repository", str(repo),
                    "--frontend-addr", fport, "--worker-addr", wport, "--allow-metrics", "false",
+                   "--local-workers", "true",
                    *worker_flag]
             proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             try:

@@ -1,9 +1,11 @@
-"""`trireme` console command: serve | scheduler | frontend | worker.
+"""`trireme` console command: serve | scheduler | frontend | workers | worker.
 
 `serve` is the embedded default: this process becomes the scheduler, which spawns one
 worker per model instance and N frontend processes sharing the HTTP/gRPC ports. The other
-subcommands run one piece alone (compose, Kubernetes) with explicit tcp:// or ipc://
-addresses. Flags mirror `tritonserver` where it has one.
+subcommands run one piece alone (compose, Kubernetes): `scheduler`, `frontend` (needs only
+--scheduler), `workers` (a worker host: runs the instances the scheduler places on it) and
+`worker` (one worker process, as hosts spawn them). Flags mirror `tritonserver` where it
+has one.
 """
 from __future__ import annotations
 
@@ -50,6 +52,9 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-unload-timeout-secs", type=_secs, default=30.0,
                    help="how long an unload (or reload) waits for the model's executions in "
                         "flight; an instance still executing then is killed")
+    p.add_argument("--model-state-file", type=Path, default=None,
+                   help="explicit mode: keep the loaded models (and their load parameters) in "
+                        "this file, and load them again when the scheduler restarts")
     p.add_argument("--log-verbose", type=int, default=0)
     p.add_argument("--rate-limit", choices=["off", "execution_count"], default="off",
                    help="execution_count: instances run only while their resources are free")
@@ -95,13 +100,15 @@ def _scheduler_settings(args: argparse.Namespace, frontend_addr: str, worker_add
         rate_limit_resources=args.rate_limit_resource,
         execution_timeout_secs=args.model_execution_timeout_secs,
         unload_timeout_secs=args.model_unload_timeout_secs,
+        local_workers=getattr(args, "local_workers", True),
+        state_file=str(args.model_state_file or ""),
         worker_args=(["--no-shm"] if getattr(args, "no_shm", False) else [])
         + ["--inline-threshold", str(args.inline_threshold)])
 
 
 async def _run_scheduler(settings, frontend_cmds: list[list[str]], exit_timeout: float) -> int:
+    from services.common.supervisor import ProcessHandle
     from services.scheduler.main import Scheduler
-    from services.scheduler.supervisor import ProcessHandle
 
     sched = Scheduler(settings)
     stop = asyncio.Event()
@@ -210,10 +217,13 @@ def _asyncio_run(coro) -> int:
     return asyncio.run(coro)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser
+                 ) -> argparse.ArgumentParser:
+    """The `trireme` parser with its `serve` and `scheduler` subcommands (the others parse
+    their own flags). Tests check deployment manifests' command lines against it."""
     from services.frontend.main import add_frontend_args
 
-    parser = argparse.ArgumentParser(prog="trireme", description=__doc__.splitlines()[0])
+    parser = parser_class(prog="trireme", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="scheduler + workers + N frontends on this machine")
@@ -227,9 +237,15 @@ def main(argv: list[str] | None = None) -> int:
 
     sched = sub.add_parser("scheduler", help="the scheduler alone (frontends connect to it)")
     _add_scheduler_args(sched)
-    sched.add_argument("--frontend-addr", default="tcp://0.0.0.0:8010")
-    sched.add_argument("--worker-addr", default="tcp://127.0.0.1:8011")
-    sched.add_argument("--host", default="0.0.0.0")
+    sched.add_argument("--frontend-addr", default="stream://0.0.0.0:8010",
+                       help="where frontends connect (stream:// or unix://: framed sockets; "
+                            "tcp:// or ipc://: ZeroMQ)")
+    sched.add_argument("--worker-addr", default="stream://0.0.0.0:8011",
+                       help="where worker hosts (trireme workers) and their workers connect")
+    sched.add_argument("--local-workers", type=parse_bool, default=False,
+                       help="also run model instances in processes of this scheduler (as "
+                            "`trireme serve` does), besides those on worker hosts")
+    sched.add_argument("--host", default="0.0.0.0", help="the metrics port's address")
     sched.add_argument("--no-shm", action="store_true",
                        help="workers send every tensor inline (frontends on other hosts)")
     sched.add_argument("--inline-threshold", type=int, default=DEFAULT_INLINE_THRESHOLD,
@@ -237,12 +253,20 @@ def main(argv: list[str] | None = None) -> int:
     sched.set_defaults(func=cmd_scheduler)
 
     sub.add_parser("frontend", help="one frontend (see trireme frontend --help)", add_help=False)
+    sub.add_parser("workers", help="a worker host (see trireme workers --help)", add_help=False)
     sub.add_parser("worker", help="one worker (see trireme worker --help)", add_help=False)
+    return parser
 
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "frontend":
         from services.frontend.main import main as frontend_main
         return frontend_main(argv[1:])
+    if argv and argv[0] == "workers":
+        from services.workers.host import main as host_main
+        return host_main(argv[1:])
     if argv and argv[0] == "worker":
         from services.workers.main import main as worker_main
         return worker_main(argv[1:])

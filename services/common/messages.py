@@ -51,6 +51,14 @@ class Kind(enum.IntEnum):
     MODEL_LOADED = 31
     BATCH_DONE = 32
     PROBE_RESULT = 33
+    RELAY = 34                     # worker -> scheduler -> frontend: results sent the long way
+    STREAMS_DONE = 35
+    # worker host <-> scheduler (on the worker socket)
+    HOST_HELLO = 40
+    HOST_HEARTBEAT = 41
+    SPAWN_WORKER = 42
+    STOP_WORKER = 43
+    WORKER_EXITED = 44
 
 
 class _Msg(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -79,6 +87,8 @@ class TensorRef(_Msg):
 class FrontendHello(_Msg):
     """First message of a frontend, so the scheduler can broadcast repository changes."""
     pid: int
+    shm_domain: str = ""           # shm.domain(): workers that report the same one share memory
+    result_addr: str = ""          # where its results go: relayed results are routed by it
 
 
 class InferRequest(_Msg):
@@ -198,6 +208,7 @@ class ModelInfo(_Msg):
     config_json: str = ""          # ModelConfig as Triton's JSON, pre-rendered once
     decoupled: bool = False
     probe_ready: bool = False      # readiness asks the instances (CheckReady)
+    shm: bool = True               # every instance can map the asking frontend's segments
 
 
 class IndexEntry(_Msg):
@@ -284,6 +295,7 @@ class BatchItem(_Msg):
     stream: int = 0                # preserve_ordering, see InferResult
     order: int = 0
     request_id: str = ""
+    shm: bool = True               # the frontend can map this worker's segments (outputs)
 
 
 class ExecuteBatch(_Msg):
@@ -302,6 +314,57 @@ class Shutdown(_Msg):
 class WorkerReady(_Msg):
     worker_id: str
     pid: int
+    shm_domain: str = ""
+
+
+class Relay(_Msg):
+    """Results a worker could not send to a frontend's result socket directly (it is not
+    reachable from the worker's host): the scheduler forwards the message that follows as
+    frames, untouched, to the frontend that announced ``reply_to``."""
+    reply_to: str
+
+
+# ---------------------------------------------------------------- worker host <-> scheduler
+class HostHello(_Msg):
+    """A worker host (`trireme workers`) offers itself: the scheduler places instances on it."""
+    name: str
+    pid: int
+    gpus: list[int] = []           # the GPU ids (a config's `gpus: [k]`) it owns
+    cpu: bool = True               # it runs KIND_CPU instances too
+    shm_domain: str = ""
+
+
+class HostHeartbeat(_Msg):
+    """Sent every HOST_HEARTBEAT_S: a host silent for longer than HOST_TIMEOUT_S is lost."""
+    name: str
+
+
+class SpawnWorker(_Msg):
+    """Start one worker process (python -m services.workers.main) with these arguments, on
+    the host's own scheduler address."""
+    worker_id: str
+    args: list[str]
+    env: dict[str, str] = {}
+    cuda_device: int = -1          # a KIND_GPU instance's GPU id (the host maps it to CUDA's)
+
+
+class StopWorker(_Msg):
+    """SIGTERM, then SIGKILL after ``timeout_s``; ``kill``: SIGKILL now. An empty
+    ``worker_id`` is the scheduler saying it does not know the host (it restarted, or gave
+    the host up as lost): the host stops every worker and says HostHello again."""
+    worker_id: str
+    timeout_s: float = 10.0
+    kill: bool = False
+
+
+class WorkerExited(_Msg):
+    worker_id: str
+    pid: int
+    code: int
+
+
+HOST_HEARTBEAT_S = 1.0
+HOST_TIMEOUT_S = 3.5
 
 
 class ModelLoaded(_Msg):
@@ -355,6 +418,16 @@ class BatchDone(_Msg):
     compute_output_ns: int = 0
     failed: int = 0                # requests of the batch that got an error
     metrics: list[MetricFamilyRecord] | None = None   # the model's custom metrics, if changed
+    # (reply_to, req_id) of the requests whose response sender is still open (a decoupled
+    # model answering from its own threads): should the worker die before their final
+    # response, the scheduler answers them (StreamsDone says when it need not any more).
+    streaming: list[tuple[str, int]] = []
+
+
+class StreamsDone(_Msg):
+    """Final responses sent for requests a BatchDone listed as streaming."""
+    worker_id: str
+    keys: list[tuple[str, int]]
 
 
 # ---------------------------------------------------------------- encoding
@@ -385,6 +458,13 @@ _KIND_OF: dict[type[_Msg], Kind] = {
     ModelLoaded: Kind.MODEL_LOADED,
     BatchDone: Kind.BATCH_DONE,
     ProbeResult: Kind.PROBE_RESULT,
+    Relay: Kind.RELAY,
+    StreamsDone: Kind.STREAMS_DONE,
+    HostHello: Kind.HOST_HELLO,
+    HostHeartbeat: Kind.HOST_HEARTBEAT,
+    SpawnWorker: Kind.SPAWN_WORKER,
+    StopWorker: Kind.STOP_WORKER,
+    WorkerExited: Kind.WORKER_EXITED,
 }
 # ReleaseOutputs shares the RELEASE_BLOCKS kind byte on the scheduler -> worker leg.
 _KIND_BYTES = {cls: bytes([k]) for cls, k in _KIND_OF.items()}

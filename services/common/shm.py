@@ -1,11 +1,15 @@
 """POSIX shared-memory arenas for tensor bytes, and the map of other processes' segments.
 
 Not multiprocessing.shared_memory: on 3.11 its resource_tracker unlinks segments a process
-merely attached to. Segments live at /dev/shm/trireme-{pid}-{role}-{n}; the owner pid in the
-name lets a supervisor unlink a dead process's segments and start-up sweep stale ones.
+merely attached to. Segments live at /dev/shm/trireme-{pid}-{role}-{n}-n{pidns}; the owner
+pid in the name lets a supervisor unlink a dead process's segments and start-up sweep stale
+ones. Pids are unique only inside one pid namespace, and containers that share /dev/shm
+(an IPC namespace) need not share one: the name also carries the owner's pid namespace, so
+two owners never collide and a process only ever unlinks segments of its own namespace.
 
-Caveat: pids are only unique inside one pid namespace. Processes that share /dev/shm but not
-a pid namespace (containers sharing only IPC) must not run sweep_stale() against each other.
+Whether two processes see the same segments at all (same host, shared IPC namespace) is
+asked at run time, never configured: each reports domain(), an id kept in /dev/shm itself,
+and two processes that read the same id can pass tensors by reference.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ SHM_DIR = os.environ.get("TRIREME_SHM_DIR", "/dev/shm")
 PREFIX = "trireme-"
 ALIGN = 64  # cache line; also enough for any numpy dtype and for DLPack consumers
 _PAGE = mmap.PAGESIZE
-_NAME_RE = re.compile(r"^trireme-(\d+)-[A-Za-z0-9_.]+-\d+$")
+_NAME_RE = re.compile(r"^trireme-(\d+)-[A-Za-z0-9_.]+-\d+(?:-n(\d+))?$")
+_DOMAIN_FILE = ".trireme-domain"   # not a segment: sweeps and leak checks pass it by
 _counter = itertools.count()  # per process, so two arenas of one role never collide
 
 
@@ -238,7 +243,7 @@ class Arena:
                 f"{self.max_bytes} bytes ({self._used} in use)")
         seg_size = min(max(self.segment_size, want), left // _PAGE * _PAGE)
         while True:
-            name = f"{PREFIX}{self._pid}-{self.role}-{next(_counter)}"
+            name = f"{PREFIX}{self._pid}-{self.role}-{next(_counter)}{_NS_SUFFIX}"
             try:
                 mm = _create_segment(name, seg_size)
                 break
@@ -326,9 +331,55 @@ class SegmentMap:
             pass  # someone still reads a view; the mapping goes when it is collected
 
 
+def _pid_namespace() -> str:
+    try:
+        link = os.readlink("/proc/self/ns/pid")          # "pid:[4026531836]"
+    except OSError:
+        return ""
+    return "".join(c for c in link if c.isdigit())
+
+
+_PIDNS = _pid_namespace()
+_NS_SUFFIX = f"-n{_PIDNS}" if _PIDNS else ""
+
+
 def _owner_pid(name: str) -> int | None:
+    """The owner pid of one of our segments: None for other names and for segments of
+    another pid namespace (their pid means nothing here)."""
     m = _NAME_RE.match(name)
-    return int(m.group(1)) if m else None
+    if m is None or (m.group(2) or _PIDNS) != _PIDNS:
+        return None
+    return int(m.group(1))
+
+
+def domain() -> str:
+    """This process's shared-memory domain: processes that report the same id see the same
+    /dev/shm, so one can map the other's segments; "" when there is no usable /dev/shm.
+    The id is a random token in a file of /dev/shm, made by the first process to ask."""
+    path = _path(_DOMAIN_FILE)
+    for _ in range(2):
+        try:
+            with open(path, encoding="ascii") as f:
+                token = f.read().strip()
+            if token:
+                return token
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return ""
+        try:   # write a private file whole, then link it in: readers never see it half made
+            tmp = _path(f"{_DOMAIN_FILE}.{os.getpid()}.{next(_counter)}")
+            with open(tmp, "w", encoding="ascii") as f:
+                f.write(os.urandom(12).hex())
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                pass   # another process won the race: read its token
+            finally:
+                os.unlink(tmp)
+        except OSError:
+            return ""
+    return ""
 
 
 def _listdir() -> list[str]:

@@ -14,6 +14,8 @@ quarter of ZeroMQ's latency per hop on this machine (see transport_stream).
 from __future__ import annotations
 
 import os
+import socket
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -25,6 +27,9 @@ Parts = Sequence[Any]
 
 class Listener(Protocol):
     """Bound end: answers each peer by the identity it announced."""
+
+    address: str
+    """Where peers reach it: the address given, with the port chosen at bind for port 0."""
 
     def send(self, identity: bytes, parts: Parts) -> bool:
         """Queue ``parts`` to the peer ``identity``; False when no such peer is connected."""
@@ -67,12 +72,15 @@ def _check(address: str) -> None:
                          "stream://host:port, ipc:///path or tcp://host:port")
 
 
-async def listen(address: str, handler: Callable[[bytes, list[Any]], None]) -> Listener:
-    """A bound Listener on the running loop; ``handler(identity, parts)`` per message."""
+async def listen(address: str, handler: Callable[[bytes, list[Any]], None],
+                 on_lost: Callable[[bytes], None] | None = None) -> Listener:
+    """A bound Listener on the running loop; ``handler(identity, parts)`` per message, and
+    ``on_lost(identity)`` when a peer's connection closes (stream sockets only: ZeroMQ does
+    not say, so whoever must know also watches for heartbeats)."""
     _check(address)
     if is_stream(address):
         listener: transport_stream.Listener | transport_zmq.Listener = \
-            transport_stream.Listener(address, handler)
+            transport_stream.Listener(address, handler, on_lost)
     else:
         listener = transport_zmq.Listener(address, handler)
     await listener.start()
@@ -110,5 +118,57 @@ def local_address(like: str, name: str) -> str:
     return f"unix://{path}" if is_stream(like) else f"ipc://{path}"
 
 
+_PATH_SCHEMES = ("unix://", "ipc://")
+_WILDCARDS = ("0.0.0.0", "*", "", "::", "[::]")
+_RESOLVE_S = 60.0   # how long a piece started before its scheduler's name resolves waits
+
+
+def result_address(scheduler_addr: str, name: str) -> str:
+    """Where a client of the scheduler at ``scheduler_addr`` (a frontend, a BLS client)
+    takes its results, which workers send straight to it. A scheduler reached by a path
+    runs on this host with its workers: a socket path here. Otherwise the workers may be
+    in other containers or on other hosts: a TCP port (chosen at bind) on the address this
+    host reaches the scheduler from, which is one they can reach too."""
+    if scheduler_addr.startswith(_PATH_SCHEMES):
+        return local_address(scheduler_addr, name)
+    host, port = _host_port(scheduler_addr)
+    return f"stream://{_source_ip(host, port)}:0"
+
+
+def reachable(address: str, via: str) -> str:
+    """``address`` as seen from a peer that reaches its host as ``via`` does: a wildcard
+    host (a listener bound to every interface) becomes ``via``'s host."""
+    if address.startswith(_PATH_SCHEMES) or via.startswith(_PATH_SCHEMES):
+        return address
+    host, port = _host_port(address)
+    if host not in _WILDCARDS:
+        return address
+    scheme = address.split("://", 1)[0]
+    return f"{scheme}://{_host_port(via)[0]}:{port}"
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    rest = address.split("://", 1)[1]
+    host, _, port = rest.rpartition(":")
+    return host.strip("[]"), int(port) if port.isdigit() else 0
+
+
+def _source_ip(host: str, port: int) -> str:
+    """The local address packets to (host, port) leave from (no packet is sent)."""
+    deadline = time.monotonic() + _RESOLVE_S
+    while True:
+        try:
+            infos = socket.getaddrinfo(host or "127.0.0.1", port or 9, type=socket.SOCK_DGRAM)
+            family, _, _, _, sockaddr = infos[0]
+            with socket.socket(family, socket.SOCK_DGRAM) as s:
+                s.connect(sockaddr)
+                ip = s.getsockname()[0]
+            return f"[{ip}]" if ":" in ip else ip
+        except OSError as e:
+            if time.monotonic() > deadline:
+                raise OSError(f"cannot resolve the scheduler host '{host}': {e}") from e
+            time.sleep(0.5)
+
+
 __all__ = ["Listener", "Connection", "BlockingConnection", "Parts", "listen", "connect",
-           "connect_blocking", "is_stream", "local_address"]
+           "connect_blocking", "is_stream", "local_address", "result_address", "reachable"]

@@ -173,9 +173,17 @@ def _bound_socket(address: str) -> socket.socket:
     return sock
 
 
+# TCP keepalive: a peer whose host vanished without closing its sockets (power, network)
+# is found dead after IDLE + INTVL * CNT seconds, and what waits on it fails then.
+_KEEPALIVE = ((socket.TCP_KEEPIDLE, 10), (socket.TCP_KEEPINTVL, 5), (socket.TCP_KEEPCNT, 3))
+
+
 def _tune(sock: socket.socket) -> None:
     if sock.family != socket.AF_UNIX:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for opt, value in _KEEPALIVE:
+            sock.setsockopt(socket.IPPROTO_TCP, opt, value)
 
 
 def _write(transport: asyncio.Transport, parts: Sequence[Any]) -> None:
@@ -221,19 +229,25 @@ class _PeerProtocol(asyncio.Protocol):
         peers = self.listener._peers
         if self.identity is not None and peers.get(self.identity) is self:
             del peers[self.identity]
+            if self.listener.on_lost is not None:
+                self.listener.on_lost(self.identity)
 
 
 class Listener:
     """Bound end: many peers, each answered by the identity it announced."""
 
-    def __init__(self, address: str, handler: Callable[[bytes, list], None]) -> None:
+    def __init__(self, address: str, handler: Callable[[bytes, list], None],
+                 on_lost: Callable[[bytes], None] | None = None) -> None:
         self.address = address
         self.handler = handler
+        self.on_lost = on_lost
         self._peers: dict[bytes, _PeerProtocol] = {}
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self) -> None:
         sock = _bound_socket(self.address)
+        if sock.family != socket.AF_UNIX and self.address.endswith(":0"):   # the port chosen
+            self.address = f"{self.address[:-2]}:{sock.getsockname()[1]}"
         loop = asyncio.get_running_loop()
         factory = lambda: _PeerProtocol(self)   # noqa: E731
         if sock.family == socket.AF_UNIX:

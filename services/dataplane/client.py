@@ -31,6 +31,7 @@ from services.common import messages as m
 from services.common import transport
 from services.common.errors import Code, TriremeError, bad_version_string_text, invalid_arg
 from services.common.shm import Arena, SegmentMap, ShmUnavailable
+from services.common.shm import domain as shm_domain
 from services.common.states import ModelState
 from services.dataplane.outbox import Outbox
 from services.dataplane.settings import DataPlaneSettings
@@ -71,15 +72,25 @@ class DataPlane(Outbox):
         self.starting = False
         self._arena: Arena | None = Arena("in") if settings.use_shm else None
         self._shm_ok = self._arena is not None
+        # Which workers can map our segments and we theirs: those reporting the same domain
+        # (the scheduler compares; a model's ModelInfo.shm says it for its instances).
+        self._domain = shm_domain() if self._arena is not None else ""
         self._segments = SegmentMap()
         self.result_addr = settings.result_addr
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
+        if not self.result_addr:
+            self.result_addr = await asyncio.to_thread(
+                transport.result_address, self.settings.scheduler_addr, "results")
         self._results = await transport.listen(self.result_addr, self._on_result)
+        self.result_addr = self._results.address   # with the port chosen at bind
         self._sched = transport.connect(self.settings.scheduler_addr, self._on_message,
                                         on_state=self._on_scheduler_state)
-        self._send(m.FrontendHello(self.pid))
+        self._send(self._hello())
+
+    def _hello(self) -> m.FrontendHello:
+        return m.FrontendHello(self.pid, self._domain, self.result_addr)
 
     def close(self) -> None:
         self._fail_waiting("server is shutting down")
@@ -133,7 +144,7 @@ class DataPlane(Outbox):
         elif self._scheduler_lost:
             log.info("connection to the scheduler is back")
             self._scheduler_lost = False
-            self._send(m.FrontendHello(self.pid))
+            self._send(self._hello())
 
     def _on_result(self, identity: bytes, parts: list[Any]) -> None:
         self._on_message(parts)   # results carry everything; who sent them does not matter
@@ -388,7 +399,7 @@ class DataPlane(Outbox):
                     raise invalid_arg(f"Unable to find system shared memory region: '{region}'")
                 nbytes = len(t.data) if not isinstance(t.data, memoryview) else t.data.nbytes
                 ref = m.TensorRef(t.name, t.datatype, list(t.shape), nbytes)
-                if nbytes >= self.settings.inline_threshold and self._shm_ok:
+                if nbytes >= self.settings.inline_threshold and self._shm_ok and info.shm:
                     assert self._arena is not None     # _shm_ok says so
                     try:
                         block = self._arena.alloc(nbytes)

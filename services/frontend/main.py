@@ -8,7 +8,6 @@ import os
 import signal
 import sys
 
-from services.common import transport
 from services.common.flags import parse_bool
 from services.common.procutil import die_with_parent, set_title
 from services.common.shm import DEFAULT_INLINE_THRESHOLD
@@ -25,9 +24,7 @@ STOP_GRACE_S = 60.0   # in-flight calls at SIGTERM; the scheduler's exit timeout
 
 
 async def run(settings: FrontendSettings) -> None:
-    if not settings.result_addr:
-        settings.result_addr = transport.local_address(settings.scheduler_addr, "results")
-    dp = DataPlane(settings)
+    dp = DataPlane(settings)   # (it chooses a result address when none is given)
     dp.starting = True
     await dp.start()
     http = grpc_server = None
@@ -154,7 +151,10 @@ def checked_settings(args: argparse.Namespace, scheduler_addr: str,
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="trireme frontend")
     p.add_argument("--scheduler", required=True, help="the scheduler's frontend socket address")
-    p.add_argument("--result-addr", default="", help="address this frontend binds for results")
+    p.add_argument("--result-addr", default="",
+                   help="address this frontend binds for results (default: a socket path when "
+                        "the scheduler's is one, else a TCP port on the address this host "
+                        "reaches the scheduler from)")
     p.add_argument("--parent-pid", type=int, default=0, help=argparse.SUPPRESS)
     add_frontend_args(p)
     args = p.parse_args(argv)

@@ -33,6 +33,7 @@ class Pending:
     stream: int = 0            # preserve_ordering: (stream, order) travel with the result
     order: int = 0
     stats: Any = None          # the version's stats.VersionStats when it was queued
+    shm_domain: str = ""       # the frontend's shared-memory domain (shm.domain())
 
 
 @dataclass
@@ -52,6 +53,10 @@ class Instance:
     probe: bool = False        # its backend checks readiness itself (ProbeReady)
     cancellable: bool = False  # its worker reads Cancel on m.CANCEL_CHANNEL (Python models)
     retired: bool = False      # its model is being unloaded or replaced: never restarted
+    host: Any = None           # the hosts.LocalHost or RemoteHost it runs on
+    # (reply_to, req_id) -> requests its decoupled model still answers after their batch
+    streaming: dict[tuple[str, int], Pending] = field(default_factory=dict)
+    shm_domain: str = ""       # its worker's shm.domain(): who can map its segments
 
 
 def log_request(request_id: str, message: str) -> str:
@@ -218,7 +223,8 @@ class VersionQueue:
                     inputs = [m.TensorRef(t.name, t.datatype, t.shape, t.nbytes, t.frame + base)
                               if t.frame >= 0 else t for t in inputs]
             items.append(m.BatchItem(r.reply_to, r.req_id, inputs, r.outputs, r.parameters,
-                                     r.batch_size, p.stream, p.order, r.request_id))
+                                     r.batch_size, p.stream, p.order, r.request_id,
+                                     bool(p.shm_domain) and p.shm_domain == inst.shm_domain))
         inst.inflight[batch_id] = batch
         self.send_batch(inst, m.ExecuteBatch(batch_id, items), frames)
 

@@ -43,6 +43,9 @@ UNLOAD_TIMEOUT_S = 30.0     # batches in flight get this long to finish when the
 KILL_AFTER_S = 0.5          # shutdown: an idle worker's SIGTERM is followed by SIGKILL after this
 DRAIN_POLL_S = 0.05
 _worker_ids = itertools.count(1)
+# Worker ids are unique across scheduler restarts too: a worker host may still report the
+# exit of a worker of the scheduler that came before this one.
+_RUN = os.urandom(3).hex()
 
 
 class ModelManager(InstanceRecovery):
@@ -54,8 +57,11 @@ class ModelManager(InstanceRecovery):
                  limiter: Any = None, restart_backoff_s: float = RESTART_BACKOFF_S,
                  execution_timeout_s: float = 0.0, unload_timeout_s: float = UNLOAD_TIMEOUT_S,
                  call_later: Callable[[float, Callable[[], None]], Any] | None = None,
-                 clock: Callable[[], int] = time.monotonic_ns) -> None:
+                 clock: Callable[[], int] = time.monotonic_ns,
+                 wait_for_host: Callable | None = None) -> None:
         self.repositories = repositories
+        # async (Instance, give_up: () -> bool): returns once a worker host could run it
+        self.wait_for_host = wait_for_host
         self.models: dict[str, ModelEntry] = {}
         # async (Instance, config bytes, model_dir, autocomplete) -> mc.ModelConfig
         self.spawn_instance = spawn_instance
@@ -194,7 +200,7 @@ class ModelManager(InstanceRecovery):
                     plan.append((v, group, i))
 
         def make(v: int, group: Any, i: int) -> Instance:
-            inst = Instance(f"w{next(_worker_ids)}", f"{group.name}_{i}", entry.name, v,
+            inst = Instance(f"w{_RUN}.{next(_worker_ids)}", f"{group.name}_{i}", entry.name, v,
                             *_placement(group, i), config=group)
             entry.instances.append(inst)
             return inst

@@ -30,15 +30,16 @@ from services.common.errors import CANCELLED_TEXT, Code, TriremeError, not_ready
 from services.common.states import ModelState
 from services.scheduler.batcher import BatcherConfig
 from services.scheduler.dispatch import Instance, Pending, VersionQueue, log_request
+from services.scheduler.hosts import Hosts, LocalHost
 from services.scheduler.lifecycle import ModelManager
-from services.scheduler.metrics import Metrics
+from services.scheduler.metrics import Metrics, cluster_families
 from services.scheduler.rate_limiter import RateLimiter
+from services.scheduler.state import LoadedModels
 from services.scheduler.stats import StatsRegistry
-from services.scheduler.supervisor import ProcessHandle
+from services.scheduler.worker_side import WorkerSide
 
 log = logging.getLogger("trireme.scheduler")
 
-LOAD_TIMEOUT_S = 300.0
 PROBE_TIMEOUT_S = 10.0
 
 
@@ -70,15 +71,28 @@ class SchedulerSettings:
     model's `execution_timeout_secs` parameter overrides it (watchdog.py)."""
     unload_timeout_secs: float = 30.0
     """--model-unload-timeout-secs: how long an unload waits for the batches in flight."""
+    local_workers: bool = True
+    """Spawn workers here (`trireme serve`); False: only on worker hosts that connect."""
+    state_file: str = ""
+    """--model-state-file: the models loaded in explicit mode, kept across restarts."""
 
 
-class Scheduler:
+class Scheduler(WorkerSide):
     def __init__(self, settings: SchedulerSettings) -> None:
         self.settings = settings
         self.frontends: set[bytes] = set()
+        self._frontend_domains: dict[bytes, str] = {}   # identity -> its shm.domain()
+        self._routes: dict[str, bytes] = {}             # result address -> frontend identity
+        self._requests_from: dict[bytes, list] = {}     # identity -> [result address, count]
+        self.loaded_models = LoadedModels(settings.state_file)
+        self.hosts = Hosts(LocalHost(settings.worker_addr, settings.worker_args)
+                           if settings.local_workers else None,
+                           lambda identity, msg: self.wsock.send(identity, m.encode(msg)),
+                           settings.worker_args)
         self.stats = StatsRegistry()
         self.custom_metrics: dict[str, list] = {}   # worker id -> its model's custom families
-        self.metrics = Metrics(self.stats, self._ready_versions, lambda: list(self.custom_metrics.values()))
+        self.metrics = Metrics(self.stats, self._ready_versions,
+                               lambda: list(self.custom_metrics.values()), self._cluster_metrics)
         self.limiter = (RateLimiter(settings.rate_limit_resources)
                         if settings.rate_limit == "execution_count" else None)
         # Triton's batching test hook: each batcher holds requests until this many are queued.
@@ -96,29 +110,40 @@ class Scheduler:
             changed=self._changed, config_name=settings.config_name,
             disable_autocomplete=settings.disable_autocomplete, limiter=self.limiter,
             execution_timeout_s=settings.execution_timeout_secs,
-            unload_timeout_s=settings.unload_timeout_secs)
+            unload_timeout_s=settings.unload_timeout_secs, wait_for_host=self._wait_for_host)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         for seg in shm.sweep_stale():
             log.info("removed stale shared-memory segment %s", seg)
-        self.fsock = await transport.listen(self.settings.frontend_addr, self._on_frontend)
-        self.wsock = await transport.listen(self.settings.worker_addr, self._on_worker)
+        self.fsock = await transport.listen(self.settings.frontend_addr, self._on_frontend,
+                                            on_lost=self._frontend_lost)
+        self.wsock = await transport.listen(self.settings.worker_addr, self._on_worker,
+                                            on_lost=self.hosts.peer_lost)
+        self.hosts.start()
         self.metrics_runner = None
         if self.settings.allow_metrics:
             self.metrics_runner = await self.metrics.serve(self.settings.host, self.settings.metrics_port)
 
     async def load_initial(self) -> None:
+        if not self.hosts.any_host():
+            log.info("waiting for a worker host (trireme workers --scheduler %s)",
+                     self.settings.worker_addr)
+            await self.hosts.wait(self.hosts.any_host)
         sources = self.models.scan()
+        loads: dict[str, tuple[Any, dict[str, bytes]]] = {}   # name -> (override, files)
         if self.settings.control_mode == "explicit":
-            names = set()
             for n in self.settings.load_models:
-                names |= set(sources) if n == "*" else {n}
+                loads.update({s: (None, {}) for s in (sources if n == "*" else [n])})
+            from services.common.config import config_from_json
+            for n, config_json, files in self.loaded_models.entries():
+                loads[n] = (config_from_json(config_json) if config_json else None, files)
         else:
-            names = set(sources)
-        results = await asyncio.gather(*(self.models.load(n) for n in sorted(names)),
+            loads = {n: (None, {}) for n in sources}
+        names = sorted(loads)
+        results = await asyncio.gather(*(self.models.load(n, *loads[n]) for n in names),
                                        return_exceptions=True)
-        for n, r in zip(sorted(names), results):
+        for n, r in zip(names, results):
             if isinstance(r, BaseException):
                 log.error("model '%s' failed to load: %s", n, r)
         self.ready = True
@@ -142,6 +167,7 @@ class Scheduler:
         if getattr(self, "_poller", None) is not None:
             self._poller.cancel()
         await self.models.shutdown(grace_s, drained)
+        self.hosts.close()
         if self.metrics_runner is not None:
             await self.metrics_runner.cleanup()
         self.fsock.close()
@@ -152,6 +178,14 @@ class Scheduler:
         if not self.fsock.send(identity, m.encode(msg, frames)):   # that frontend is gone
             (log.debug if self._stopping else log.warning)("cannot reach frontend %r", identity)
             self.frontends.discard(identity)
+
+    def _frontend_lost(self, identity: bytes) -> None:
+        """Its connection closed: forget it (a frontend that comes back says hello again)."""
+        self.frontends.discard(identity)
+        self._frontend_domains.pop(identity, None)
+        route = self._requests_from.pop(identity, None)
+        if route is not None and self._routes.get(route[0]) == identity:
+            del self._routes[route[0]]
 
     def _on_frontend(self, identity: bytes, parts: list[Any]) -> None:
         msg, frames = m.decode(parts)
@@ -166,8 +200,9 @@ class Scheduler:
                 self._send_worker(inst.worker_id, m.ReleaseOutputs(msg.blocks))
         elif isinstance(msg, m.GetModelInfo):
             # The cached ModelInfo is shared: answer with a copy carrying this ctl_id.
-            self._send_frontend(identity, msgspec.structs.replace(self.models.info(msg.model),
-                                                                  ctl_id=msg.ctl_id))
+            info = self.models.info(msg.model)
+            self._send_frontend(identity, msgspec.structs.replace(
+                info, ctl_id=msg.ctl_id, shm=self._shares_memory(identity, msg.model)))
         elif isinstance(msg, m.GetStats):
             self._send_frontend(identity, self._statistics(msg))
         elif isinstance(msg, m.CheckReady):
@@ -180,7 +215,19 @@ class Scheduler:
             self._cancel(identity, msg)
         elif isinstance(msg, m.FrontendHello):
             self.frontends.add(identity)
+            self._frontend_domains[identity] = msg.shm_domain
+            if msg.result_addr:
+                self._routes[msg.result_addr] = identity
+            self._requests_from[identity] = [msg.result_addr or repr(identity), 0]
             self._send_frontend(identity, m.RepositoryChanged([], self.server_ready()))
+
+    def _shares_memory(self, identity: bytes, model: str) -> bool:
+        """Whether every instance of ``model`` can map this frontend's segments: then it
+        puts large inputs in shared memory, else it sends them inline."""
+        domain = self._frontend_domains.get(identity, "")
+        entry = self.models.models.get(model)
+        return bool(domain and entry is not None and entry.instances
+                    and all(i.shm_domain == domain for i in entry.instances))
 
     def server_ready(self) -> bool:
         if not self.ready:
@@ -202,6 +249,9 @@ class Scheduler:
     def _infer_one(self, identity: bytes, req: m.InferRequest, frames: list[Any]) -> None:
         """Queue one request; whatever it holds, it alone fails (the requests that came in
         the same message are queued all the same) and it still gets its answer."""
+        counter = self._requests_from.get(identity)
+        if counter is not None:
+            counter[1] += 1
         try:
             self._infer(identity, req, frames)
         except Exception as e:
@@ -221,7 +271,8 @@ class Scheduler:
                 self._fail_req(identity, req, Code.UNAVAILABLE, not_ready_text(req.model, v))
             return
         req.version = vs.version
-        p = Pending(identity, req, frames, time.monotonic_ns(), stats=vs.queue.stats)
+        p = Pending(identity, req, frames, time.monotonic_ns(), stats=vs.queue.stats,
+                    shm_domain=self._frontend_domains.get(identity, ""))
         try:
             vs.queue.enqueue(p)
         except TriremeError as e:    # the queue is full
@@ -259,6 +310,10 @@ class Scheduler:
         p.stats.failed(time.monotonic_ns() - p.arrival_ns, reason)
         self._send_frontend(p.frontend, m.InferResult(
             p.req.req_id, error=m.ErrorRecord(int(code), message), stream=p.stream, order=p.order))
+
+    def _cluster_metrics(self) -> list[str]:
+        return cluster_families({addr: n for addr, n in self._requests_from.values()},
+                                {h.name: h.instances for h in self.hosts.all()})
 
     def _ready_versions(self) -> list[tuple[str, int]]:
         """(model, version) of every READY version, sorted: what statistics and metrics show."""
@@ -321,122 +376,13 @@ class Scheduler:
                     from services.common.config import config_from_json
                     override = config_from_json(msg.config_json)
                 await self.models.load(msg.model, override, msg.files)
+                self.loaded_models.loaded(msg.model, msg.config_json, msg.files)
             else:
                 await self.models.unload(msg.model)
+                self.loaded_models.unloaded(msg.model)
         except TriremeError as e:
             err = m.ErrorRecord(int(e.code), e.message)
         except Exception as e:
             log.exception("control request failed")
             err = m.ErrorRecord(int(Code.INTERNAL), str(e))
         self._send_frontend(identity, m.ControlDone(msg.ctl_id, err))
-
-    # ------------------------------------------------------------------ workers
-    def _send_worker(self, worker_id: str, msg: Any, frames: Sequence[Any] = ()) -> bool:
-        if self.wsock.send(worker_id.encode(), m.encode(msg, frames)):
-            return True
-        log.warning("cannot reach worker %s", worker_id)
-        return False
-
-    def _send_batch(self, inst: Instance, batch: m.ExecuteBatch, frames: list[Any]) -> None:
-        if not self._send_worker(inst.worker_id, batch, frames):
-            # The worker is going away; its exit handler fails what it holds.
-            pass
-
-    def _on_worker(self, identity: bytes, parts: list[Any]) -> None:
-        msg, _ = m.decode(parts)
-        if isinstance(msg, m.BatchDone):
-            if msg.metrics is not None:
-                self.custom_metrics[msg.worker_id] = msg.metrics
-            inst = self._workers.get(msg.worker_id)
-            if inst is None:
-                return
-            entry = self.models.models.get(inst.model)
-            batch = inst.inflight.get(msg.batch_id)
-            if batch is not None:
-                batch[0].stats.executed(
-                    sum(p.req.batch_size for p in batch),
-                    [(p.arrival_ns, p.dispatch_ns) for p in batch], msg.failed,
-                    (msg.compute_input_ns, msg.compute_infer_ns, msg.compute_output_ns),
-                    time.monotonic_ns())
-            vs = entry.versions.get(inst.version) if entry else None
-            if vs is not None and vs.queue is not None and inst.worker_id in vs.queue.instances:
-                vs.queue.batch_done(inst, msg.batch_id)
-            else:
-                inst.inflight.pop(msg.batch_id, None)
-        elif isinstance(msg, m.ProbeResult):
-            fut = self._probes.get(msg.probe_id)
-            if fut is not None and not fut.done():
-                fut.set_result(msg)
-        elif isinstance(msg, m.WorkerReady):
-            futs = self._spawning.get(msg.worker_id)
-            if futs and not futs[0].done():
-                futs[0].set_result(msg.pid)
-        elif isinstance(msg, m.ModelLoaded):
-            if msg.metrics is not None:
-                self.custom_metrics[msg.worker_id] = msg.metrics
-            futs = self._spawning.get(msg.worker_id)
-            if futs and not futs[1].done():
-                futs[1].set_result(msg)
-
-    async def _spawn_instance(self, inst: Instance, config: bytes, model_dir: str, autocomplete: bool):
-        from protos import model_config_pb2 as mc
-        loop = asyncio.get_running_loop()
-        ready, loaded = loop.create_future(), loop.create_future()
-        self._spawning[inst.worker_id] = (ready, loaded)
-        env = {"CUDA_VISIBLE_DEVICES": str(inst.device_id)} if inst.kind == "KIND_GPU" else None
-        handle = ProcessHandle(
-            f"worker {inst.name}", "services.workers.main",
-            ["--scheduler", self.settings.worker_addr, "--worker-id", inst.worker_id,
-             *self.settings.worker_args],
-            on_exit=lambda h, code: self._worker_exited(inst, h, code), env=env)
-        inst.handle = handle
-        try:
-            await handle.start()
-            inst.pid = await asyncio.wait_for(ready, LOAD_TIMEOUT_S)
-            self._send_worker(inst.worker_id, m.LoadModel(
-                inst.model, inst.version, model_dir, config, inst.name, inst.kind,
-                0 if inst.kind == "KIND_GPU" else inst.device_id, autocomplete,
-                self.settings.frontend_addr))
-            reply: m.ModelLoaded = await asyncio.wait_for(loaded, LOAD_TIMEOUT_S)
-        except TimeoutError:
-            await handle.stop(1.0)
-            raise TriremeError(Code.INTERNAL, f"instance '{inst.name}' of '{inst.model}' did not "
-                                              f"load within {LOAD_TIMEOUT_S:.0f} s") from None
-        finally:
-            self._spawning.pop(inst.worker_id, None)
-        if reply.error is not None:
-            await handle.stop(5.0)
-            raise TriremeError(reply.error.code, reply.error.message)
-        inst.loaded = True
-        inst.probe = reply.probe
-        inst.cancellable = reply.cancellable
-        self._by_pid[inst.pid] = inst
-        self._workers[inst.worker_id] = inst
-        return mc.ModelConfig.FromString(reply.config)
-
-    async def _stop_instance(self, inst: Instance) -> None:
-        self._by_pid.pop(inst.pid, None)
-        self._workers.pop(inst.worker_id, None)
-        self.custom_metrics.pop(inst.worker_id, None)
-        if self.limiter is not None:    # its resources stop counting toward the defaults
-            self.limiter.unregister(inst)
-        if inst.handle is not None:
-            await inst.handle.stop()
-
-    async def _worker_exited(self, inst: Instance, handle: ProcessHandle, code: int) -> None:
-        self._by_pid.pop(inst.pid, None)
-        self._workers.pop(inst.worker_id, None)
-        self.custom_metrics.pop(inst.worker_id, None)
-        # Frontends unmap the dead worker's output segments (unlinked already by the supervisor).
-        self._changed([inst.model], dead_pids=[handle.pid])
-        futs = self._spawning.get(inst.worker_id)
-        if futs is not None:
-            for f in futs:
-                if not f.done():
-                    f.set_exception(TriremeError(
-                        Code.INTERNAL, f"instance '{inst.name}' of model '{inst.model}' exited "
-                                       f"with code {code} while loading"))
-            return
-        if handle.stopping:   # stopped on purpose (unload, reload, shutdown)
-            return
-        await self.models.instance_exited(inst, code)   # fail what it held; restart it

@@ -64,13 +64,15 @@ def _escape(v: str) -> str:
 
 class Metrics:
     def __init__(self, stats: StatsRegistry, ready: Callable[[], list],
-                 custom: Callable[[], list] = list) -> None:
+                 custom: Callable[[], list] = list, cluster: Callable[[], list[str]] = list
+                 ) -> None:
         self.stats = stats
         self.ready = ready          # () -> sorted [(model, version)] ready now: unloaded drop out
         self.custom = custom        # () -> per worker, its model's MetricFamilyRecords
+        self.cluster = cluster      # () -> lines of cluster_families()
 
     def render(self) -> str:
-        custom = _custom(self.custom())
+        custom = _custom(self.custom()) + self.cluster()
         rows = [(k, self.stats.versions[k]) for k in self.ready() if k in self.stats.versions]
         if not rows:
             return "\n".join(custom) + "\n"
@@ -100,6 +102,20 @@ class Metrics:
         await runner.setup()
         await web.TCPSite(runner, host, port, reuse_port=True).start()
         return runner
+
+
+def cluster_families(frontends: dict[str, int], hosts: dict[str, int]) -> list[str]:
+    """Trireme's own: where requests enter and where instances run, so that a deployment
+    shows its frontends sharing the load and its worker hosts holding the instances."""
+    out = ["# HELP trireme_frontend_requests Inference requests received from each frontend "
+           "(by the address its results go to)", "# TYPE trireme_frontend_requests counter"]
+    out += [f'trireme_frontend_requests{{frontend="{_escape(f)}"}} {n}'
+            for f, n in sorted(frontends.items())]
+    out += ["# HELP trireme_worker_host_instances Model instances running on each worker host",
+            "# TYPE trireme_worker_host_instances gauge"]
+    out += [f'trireme_worker_host_instances{{host="{_escape(h)}"}} {n}'
+            for h, n in sorted(hosts.items())]
+    return out
 
 
 def _histogram(name: str, labels: str, s: VersionStats) -> list[str]:

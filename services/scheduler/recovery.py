@@ -2,8 +2,11 @@
 (lifecycle.py) supervision half, as a mixin of it.
 
     worker exits ─▶ what it held fails ─▶ (backoff) restart ─▶ serving again
-                                                     └─ fails ─▶ instance lost: with none
-                                                        left the version is UNAVAILABLE
+                                                     ├─ fails ─▶ instance lost: with none
+                                                     │  left the version is UNAVAILABLE
+                                                     └─ no worker host fits (its host was
+                                                        lost) ─▶ UNAVAILABLE with none left,
+                                                        until a host that fits joins ─▶ READY
 
     one execution outlasts the watchdog's limit (watchdog.py) ─▶ SIGKILL, what it held
         fails UNAVAILABLE ─▶ with no live instance left the version is LOADING (not ready)
@@ -22,6 +25,7 @@ from typing import TYPE_CHECKING
 from services.common.errors import Code, TriremeError, not_ready_text
 from services.scheduler.dispatch import Instance, VersionQueue
 from services.scheduler.entries import LOADING, READY, UNAVAILABLE, ModelEntry, VersionState
+from services.scheduler.hosts import NoWorkerHost
 from services.scheduler.watchdog import execution_timeout_text
 
 log = logging.getLogger("trireme.models")
@@ -34,6 +38,7 @@ class InstanceRecovery:
     spawn_instance: Callable
     changed: Callable[[list[str]], None]
     restart_backoff_s: float
+    wait_for_host: Callable | None
     _retiring: list[ModelEntry]
     _closing: bool
 
@@ -95,22 +100,47 @@ class InstanceRecovery:
         """Bring an instance back with its model's completed config; one that cannot come
         back is lost (instance_lost)."""
         inst.loaded = False
-        try:
-            await self.spawn_instance(inst, entry.config.SerializeToString(), str(entry.path), False)
-        except TriremeError as e:
-            log.error("restart of %s failed: %s", inst.name, e.message)
-            self.instance_lost(entry, inst, e.message)
-            return
+        while True:
+            try:
+                await self.spawn_instance(inst, entry.config.SerializeToString(), str(entry.path),
+                                          False)
+                break
+            except NoWorkerHost as e:
+                if self.wait_for_host is None:
+                    self.instance_lost(entry, inst, e.message)
+                    return
+                log.error("restart of %s waits: %s", inst.name, e.message)
+                self._without_host(entry, vs, inst, e.message)
+                await self.wait_for_host(inst, lambda: self._closing or inst.retired
+                                         or inst not in entry.instances)
+                if self._closing or inst.retired or inst not in entry.instances:
+                    return
+            except TriremeError as e:
+                log.error("restart of %s failed: %s", inst.name, e.message)
+                self.instance_lost(entry, inst, e.message)
+                return
         if self._closing or inst.retired:   # unloaded or shutting down while it started
             await self._stop(inst)
             return
         if vs is not None and vs.queue is not None and inst in entry.instances:
             vs.queue.add_instance(inst)
             log.info("instance %s restarted (pid %d)", inst.name, inst.pid)
-            if vs.state == LOADING:   # the watchdog's restart: live again
+            if vs.state in (LOADING, UNAVAILABLE):   # the watchdog's or a host's: live again
                 vs.state, vs.reason = READY, ""
                 entry.info = None
                 self.changed([inst.model])
+
+    def _without_host(self, entry: ModelEntry, vs: VersionState | None, inst: Instance,
+                      reason: str) -> None:
+        """``inst`` waits for a worker host: with no other instance serving, its version is
+        UNAVAILABLE meanwhile and what waits in its queue fails now (it stays an instance
+        of the model: it comes back with the host)."""
+        if vs is None or vs.queue is None or vs.queue.instances or vs.state == UNAVAILABLE:
+            return
+        vs.state, vs.reason = UNAVAILABLE, reason
+        vs.queue.fail_queued(Code.UNAVAILABLE, not_ready_text(inst.model, inst.version))
+        entry.info = None
+        self.changed([inst.model])
 
     def instance_lost(self, entry: ModelEntry, inst: Instance, reason: str) -> None:
         """An instance that cannot come back: with none left, the version is UNAVAILABLE and

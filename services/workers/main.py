@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from services.common import messages as m
-from services.common import transport
+from services.common import shm, transport
 from services.common.datatypes import (
     datatype_of,
     deserialize_bytes_tensor,
@@ -59,6 +59,7 @@ class Worker(ResultSender):
         self.segments = SegmentMap()
         self.arena = Arena("out") if use_shm else None
         self.shm_ok = self.arena is not None
+        self.domain = shm.domain() if self.arena is not None else ""
         self.inline_threshold = inline_threshold
         self.backend: Backend | None = None
         self.batch_io: BatchIO | None = None   # ragged inputs, batch_input/batch_output
@@ -70,11 +71,16 @@ class Worker(ResultSender):
         self.lock = threading.Lock()
         self.model = ""
         self.running = True
+        # Decoupled answers that outlive execute(): finals sent while their batch still ran,
+        # and requests left open when it ended (reported in BatchDone.streaming, and their
+        # finals in StreamsDone), both under self.lock.
+        self._finals: set[tuple[str, int]] = set()
+        self._streaming: set[tuple[str, int]] = set()
 
     # ------------------------------------------------------------------ loop
     def run(self) -> None:
         # 1. announce ourselves; 2. serve messages until Shutdown or a signal.
-        self.sock.send(m.encode(m.WorkerReady(self.worker_id, os.getpid())))
+        self.sock.send(m.encode(m.WorkerReady(self.worker_id, os.getpid(), self.domain)))
         while self.running:
             try:
                 parts = self.sock.recv()
@@ -112,6 +118,9 @@ class Worker(ResultSender):
         from services.workers.backends.base import create_backend
 
         self.model = msg.model
+        # BLS requests enter at the scheduler's frontend socket: bound to every interface
+        # there, it is reached here by the host our own connection uses.
+        msg.frontend_addr = transport.reachable(msg.frontend_addr, self.scheduler_addr)
         set_title(f"trireme worker {msg.instance_name} ({msg.model} v{msg.version})")
         try:
             cfg = mc.ModelConfig.FromString(msg.config)
@@ -159,12 +168,13 @@ class Worker(ResultSender):
         failed = 0
         times = [t0, t0]
         replies: dict[str, tuple[list[m.InferResult], list[Any]]] = {}
+        waiting: list[m.BatchItem] = []   # answered by their response senders, maybe later
         try:
             per_item = [{r.name: self._array(r, frames) for r in it.inputs} for it in items]
             if self.backend.reshape is not None:   # config reshape: the model sees reshape.shape
                 per_item = [self.backend.reshape.inputs_for_model(p) for p in per_item]
             if self.backend.per_request:
-                failed = self._run_requests(items, per_item, replies, times)
+                failed = self._run_requests(items, per_item, replies, times, waiting)
             else:
                 self._run_batch(items, per_item, replies, times)
         except Exception as e:
@@ -178,14 +188,23 @@ class Worker(ResultSender):
             for it in items:
                 self._add_error(replies, it, e)
             failed = len(items)
+            waiting = []
         # Nothing is sent before the batch's fate is known, so each request gets one answer.
         with self.lock:
             self._flush(replies)
+            streaming = []
+            for it in waiting:
+                key = (it.reply_to, it.req_id)
+                if key in self._finals:
+                    self._finals.discard(key)
+                else:
+                    self._streaming.add(key)
+                    streaming.append(key)
         t3 = time.perf_counter_ns()
         t1, t2 = times
         self.sock.send(m.encode(m.BatchDone(
             batch.batch_id, self.worker_id, t1 - t0, t2 - t1, t3 - t2, failed,
-            self.backend.take_metrics())))
+            self.backend.take_metrics(), streaming)))
 
     def _run_batch(self, items: list[m.BatchItem], per_item: list[dict], replies: dict,
                    times: list[int]) -> None:
@@ -219,9 +238,9 @@ class Worker(ResultSender):
             start = stop
 
     def _run_requests(self, items: list[m.BatchItem], per_item: list[dict], replies: dict,
-                      times: list[int]) -> int:
+                      times: list[int], waiting: list[m.BatchItem]) -> int:
         """A per-request backend (Python): each request answered on its own, now or later
-        through ``_reply``. Returns how many failed."""
+        through ``_reply`` (those go to ``waiting``). Returns how many failed."""
         times[0] = time.perf_counter_ns()
         answers = self.backend.execute_requests(items, per_item, lambda i, out, err, final: (
             self._reply(items[i], out, err, final)))
@@ -231,7 +250,9 @@ class Worker(ResultSender):
             if isinstance(answer, TriremeError):
                 self._add_error(replies, it, answer)
                 failed += 1
-            elif answer is not None:   # None: its response sender answers
+            elif answer is None:   # its response sender answers
+                waiting.append(it)
+            else:
                 try:
                     self._add_result(replies, it, _chosen(it, answer))
                 except Exception as e:  # noqa: BLE001 - e.g. no datatype fits: fails this request
@@ -251,6 +272,13 @@ class Worker(ResultSender):
             self._add_result(replies, item, _chosen(item, outputs or {}), final, outputs is None)
         with self.lock:
             self._flush(replies)
+            if final:
+                key = (item.reply_to, item.req_id)
+                if key in self._streaming:   # its batch is done: the scheduler waits for word
+                    self._streaming.discard(key)
+                    self.sock.send(m.encode(m.StreamsDone(self.worker_id, [key])))
+                else:
+                    self._finals.add(key)
 
     def _add_error(self, replies: dict, item: m.BatchItem, e: TriremeError, final: bool = True) -> None:
         stream, order = (item.stream, item.order) if final else (0, 0)
@@ -270,7 +298,7 @@ class Worker(ResultSender):
         for name, shape, datatype, data in wire:
             nbytes = len(data)
             ref = m.TensorRef(name, datatype, shape, nbytes)
-            if nbytes >= self.inline_threshold and self.shm_ok:
+            if nbytes >= self.inline_threshold and self.shm_ok and item.shm:
                 try:
                     with self.lock:
                         block = self.arena.alloc(nbytes)

@@ -42,6 +42,7 @@ class ResultSender:
     lent: dict[tuple[str, int], str]
     orphans: dict[tuple[str, int], float]
     arena: Arena | None
+    sock: Any                      # the connection to the scheduler
     lock: threading.Lock
     model: str
 
@@ -91,7 +92,21 @@ class ResultSender:
         if len(self.unreachable) >= _UNREACHABLE_KEPT:
             self.unreachable.clear()
         self.unreachable[address] = time.monotonic()
-        self._free_unsent(msg)
+        self._relay(address, msg, parts)
+
+    def _relay(self, address: str, msg: Any, parts: list[Any]) -> None:
+        """The frontend's result socket cannot be reached from here (another host or
+        network, or it is gone): the results take the long way, through the scheduler,
+        which passes them to the frontend that announced ``address`` or drops them when
+        there is none. Results in shared memory are not sent that way: a frontend that can
+        map our segments shares our host, and one there that cannot be reached is gone."""
+        if any(ref.segment for r in _results(msg) for ref in r.outputs):
+            self._free_unsent(msg)
+            return
+        try:
+            self.sock.send(m.encode(m.Relay(address), parts))
+        except OSError as e:
+            log.warning("cannot relay results for %s through the scheduler: %s", address, e)
 
     def _encodable(self, msg: Any, frames: list[Any]) -> tuple[Any, list[Any]]:
         """``msg`` failed to encode (a model's value msgpack cannot hold): every result

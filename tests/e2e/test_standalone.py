@@ -33,7 +33,8 @@ def test_scheduler_and_frontend_over_tcp_without_shm(tmp_path, wire):
     sched = subprocess.Popen(
         [sys.executable, "-m", "services.cli", "scheduler", "--model-repository", str(repo),
          "--frontend-addr", f"{wire}://127.0.0.1:{fport}", "--worker-addr", f"{wire}://127.0.0.1:{wport}",
-         "--metrics-port", str(metrics), "--host", "127.0.0.1", "--no-shm"],
+         "--metrics-port", str(metrics), "--host", "127.0.0.1", "--no-shm",
+         "--local-workers", "true"],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     pids = {sched.pid, front.pid}
     try:

@@ -62,7 +62,8 @@ class Deployment:
         self.scheduler_args = ["scheduler", "--model-repository", str(repo),
                                "--frontend-addr", self.frontend_addr,
                                "--worker-addr", f"unix://{tmp}/workers.sock",
-                               "--metrics-port", str(self.metrics_port), "--host", "127.0.0.1"]
+                               "--metrics-port", str(self.metrics_port), "--host", "127.0.0.1",
+                               "--local-workers", "true"]
         self.frontend_args = ["frontend", "--scheduler", self.frontend_addr,
                               "--result-addr", f"unix://{tmp}/results.sock",
                               "--http-port", str(self.http_port),

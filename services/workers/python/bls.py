@@ -32,15 +32,6 @@ START_TIMEOUT_S = 30.0
 _END = object()
 
 
-def _connectable(address: str) -> str:
-    """A bind address (tcp://*:p, stream://0.0.0.0:p, ...) as an address to connect to."""
-    for scheme in ("tcp://", "stream://"):
-        for host in ("*:", "0.0.0.0:"):
-            if address.startswith(scheme + host):
-                return f"{scheme}127.0.0.1:" + address[len(scheme + host):]
-    return address
-
-
 def _core_request(req: pb_utils.InferenceRequest) -> CoreRequest:
     inputs = []
     for t in req.inputs():
@@ -83,8 +74,8 @@ class BlsClient:
             raise pb_utils.TritonModelException(
                 "BLS is not available: this worker was not given the scheduler's address")
         settings = DataPlaneSettings(
-            scheduler_addr=_connectable(scheduler_addr),
-            result_addr=transport.local_address(scheduler_addr, "bls"),
+            scheduler_addr=scheduler_addr,
+            result_addr=transport.result_address(scheduler_addr, "bls"),
             inline_threshold=inline_threshold, use_shm=use_shm)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="trireme-bls", daemon=True)
