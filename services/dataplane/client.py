@@ -30,7 +30,7 @@ from typing import Any
 from services.common import messages as m
 from services.common import transport
 from services.common.errors import Code, TriremeError, bad_version_string_text, invalid_arg
-from services.common.shm import Arena, SegmentMap, ShmUnavailable
+from services.common.shm import SHM_DIR, Arena, SegmentMap, ShmUnavailable
 from services.common.shm import domain as shm_domain
 from services.common.states import ModelState
 from services.dataplane.outbox import Outbox
@@ -75,6 +75,10 @@ class DataPlane(Outbox):
         # Which workers can map our segments and we theirs: those reporting the same domain
         # (the scheduler compares; a model's ModelInfo.shm says it for its instances).
         self._domain = shm_domain() if self._arena is not None else ""
+        if self._arena is not None and not self._domain:
+            log.warning("shared memory is not usable here (%s): every tensor travels inline",
+                        SHM_DIR)
+            self._shm_ok = False
         self._segments = SegmentMap()
         self.result_addr = settings.result_addr
 

@@ -60,6 +60,10 @@ class Worker(ResultSender):
         self.arena = Arena("out") if use_shm else None
         self.shm_ok = self.arena is not None
         self.domain = shm.domain() if self.arena is not None else ""
+        if self.arena is not None and not self.domain:
+            log.warning("shared memory is not usable here (%s): every output travels inline",
+                        shm.SHM_DIR)
+            self.shm_ok = False
         self.inline_threshold = inline_threshold
         self.backend: Backend | None = None
         self.batch_io: BatchIO | None = None   # ragged inputs, batch_input/batch_output

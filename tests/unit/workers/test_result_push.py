@@ -49,10 +49,21 @@ class FakeFrontend:
         self.listener.close()
 
 
+class SchedulerSocket:
+    """The worker's scheduler connection: what it sent (relayed results)."""
+
+    def __init__(self) -> None:
+        self.sent: list[list] = []
+
+    def send(self, parts) -> None:
+        self.sent.append([bytes(p) for p in parts])
+
+
 def _worker(arena: Arena | None = None) -> Worker:
     w = Worker.__new__(Worker)          # no scheduler: only the result path is exercised
     w.pushers, w.unreachable, w.lent, w.orphans = {}, {}, {}, {}
     w.arena, w.lock, w.model = arena, threading.Lock(), "m"
+    w.sock = SchedulerSocket()
     return w
 
 
@@ -203,3 +214,33 @@ def test_a_blocking_send_to_a_closed_peer_fails(tmp_path):
         conn.close()
         fe.die()
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"trireme-{os.getpid()}-")]
+
+
+def test_results_for_an_unreachable_frontend_take_the_long_way(tmp_path):
+    """A frontend's result socket the worker cannot reach (another host, another network):
+    the results go to the scheduler as a Relay, whose frames are the result message as it
+    would have been sent, for the scheduler to pass to that frontend's own connection."""
+    address = _address("stream", tmp_path)      # nothing listens there
+    w = _worker()
+    t0 = time.monotonic()
+    _push(w, address, m.InferResults([m.InferResult(1), m.InferResult(2, error=m.ErrorRecord(3, "x"))]))
+    _push(w, address, m.InferResult(3))         # known unreachable: no second wait
+    assert time.monotonic() - t0 < 2.5
+    relayed = [m.decode(parts) for parts in w.sock.sent]
+    assert [type(msg).__name__ for msg, _ in relayed] == ["Relay", "Relay"]
+    assert {msg.reply_to for msg, _ in relayed} == {address}
+    inner = [m.decode(frames)[0] for _, frames in relayed]
+    assert [r.req_id for r in inner[0].results] == [1, 2] and inner[1].req_id == 3
+    assert inner[0].results[1].error == m.ErrorRecord(3, "x")
+
+
+def test_results_in_shared_memory_are_not_relayed(tmp_path):
+    """Output blocks are readable only where our /dev/shm is: a frontend there that cannot
+    be reached is gone, so its blocks are freed instead of relayed."""
+    address = _address("stream", tmp_path)
+    with Arena("relay", segment_size=1 << 16) as arena:
+        w = _worker(arena)
+        block = arena.alloc(100)
+        _push(w, address, m.InferResult(1, outputs=[m.TensorRef(
+            "OUT", "FP32", [25], 100, segment=block.segment, offset=block.offset)]))
+        assert w.sock.sent == [] and arena.used_bytes == 0
