@@ -75,6 +75,13 @@ def unknown_model(model: str) -> TriremeError:
     return TriremeError(Code.NOT_FOUND, f"Request for unknown model: '{model}' is not found")
 
 
+def still_loading(model: str) -> TriremeError:
+    """A model the scheduler does not know yet because it is still loading the repository
+    (it just started, or restarted): UNAVAILABLE, which clients retry, not NOT_FOUND."""
+    return TriremeError(Code.UNAVAILABLE, f"'{model}' is not ready: the server is still "
+                                          "loading its models")
+
+
 def bad_version_string_text(version: str, detail: str) -> str:
     """Triton's GetModelVersionFromString failure; `detail` names the C++ parser that threw
     ("stol" on the inference path, "stoll" for statistics)."""

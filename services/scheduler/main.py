@@ -26,7 +26,14 @@ import msgspec
 
 from services.common import messages as m
 from services.common import shm, transport
-from services.common.errors import CANCELLED_TEXT, Code, TriremeError, not_ready_text, unknown_model
+from services.common.errors import (
+    CANCELLED_TEXT,
+    Code,
+    TriremeError,
+    not_ready_text,
+    still_loading,
+    unknown_model,
+)
 from services.common.states import ModelState
 from services.scheduler.batcher import BatcherConfig
 from services.scheduler.dispatch import Instance, Pending, VersionQueue, log_request
@@ -201,6 +208,11 @@ class Scheduler(WorkerSide):
         elif isinstance(msg, m.GetModelInfo):
             # The cached ModelInfo is shared: answer with a copy carrying this ctl_id.
             info = self.models.info(msg.model)
+            if not self.ready and (info.error is not None or ModelState.READY not in
+                                   info.versions.values()):
+                # Starting (or restarted): nothing is "unknown" or "unavailable" for good yet.
+                err = still_loading(msg.model)
+                info = m.ModelInfo(0, msg.model, error=m.ErrorRecord(int(err.code), err.message))
             self._send_frontend(identity, msgspec.structs.replace(
                 info, ctl_id=msg.ctl_id, shm=self._shares_memory(identity, msg.model)))
         elif isinstance(msg, m.GetStats):
@@ -264,7 +276,7 @@ class Scheduler(WorkerSide):
         vs = entry.ready_version(req.version) if entry is not None else None
         if vs is None or vs.queue is None:
             if entry is None:
-                err = unknown_model(req.model)
+                err = unknown_model(req.model) if self.ready else still_loading(req.model)
                 self._fail_req(identity, req, err.code, err.message)
             else:
                 v = req.version or max(entry.versions, default=0)

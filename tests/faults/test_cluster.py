@@ -167,6 +167,7 @@ class Clients:
         self.cluster = cluster
         self.stop = threading.Event()
         self.ok = self.failed = 0
+        self.errors: set[str] = set()
         self.lock = threading.Lock()
         self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(n)]
         for t in self.threads:
@@ -185,9 +186,10 @@ class Clients:
                 np.testing.assert_array_equal(out, data)
                 with self.lock:
                     self.ok += 1
-            except (InferenceServerException, ConnectionError, OSError):
+            except (InferenceServerException, ConnectionError, OSError) as e:
                 with self.lock:
                     self.failed += 1
+                    self.errors.add(str(e)[:120])
                 time.sleep(0.05)   # a client's retry pace; not a wait for the server
 
     def finish(self) -> tuple[int, int]:
@@ -275,6 +277,8 @@ def test_scheduler_restart_heals_without_an_operator(cluster):
     wait_until(lambda: clients.ok >= before + 20, RECOVERY_TARGET_S, "traffic after the restart")
     ok, failed = clients.finish()
     assert time.monotonic() - t0 <= RECOVERY_TARGET_S + 2 and back <= RECOVERY_TARGET_S
+    # While it restarts, models are unavailable (retryable), never "unknown".
+    assert not [e for e in clients.errors if "not found" in e or "unknown" in e], clients.errors
     for http, _ in cluster.ports:
         np.testing.assert_array_equal(infer(httpclient, f"127.0.0.1:{http}", BIG), BIG)
 
