@@ -11,7 +11,7 @@ from services.frontend.tls import TlsConfig
 DEFAULT_HTTP_MAX_INPUT_SIZE = 64 * 1024 * 1024
 
 # Triton's extension list, in Triton's order, restricted to what is implemented.
-EXTENSIONS = ["model_repository", "schedule_policy", "model_configuration", "binary_tensor_data",
+EXTENSIONS = ["sequence", "model_repository", "schedule_policy", "model_configuration", "binary_tensor_data",
               "parameters", "statistics"]
 
 

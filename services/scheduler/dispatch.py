@@ -34,6 +34,7 @@ class Pending:
     order: int = 0
     stats: Any = None          # the version's stats.VersionStats when it was queued
     shm_domain: str = ""       # the frontend's shared-memory domain (shm.domain())
+    sequence: Any = None       # its sequence.Sequence (models with sequence_batching)
 
 
 @dataclass

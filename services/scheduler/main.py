@@ -41,6 +41,7 @@ from services.scheduler.hosts import Hosts, LocalHost
 from services.scheduler.lifecycle import ModelManager
 from services.scheduler.metrics import Metrics, cluster_families
 from services.scheduler.rate_limiter import RateLimiter
+from services.scheduler.sequence import SequenceConfig, SequenceQueue
 from services.scheduler.state import LoadedModels
 from services.scheduler.stats import StatsRegistry
 from services.scheduler.worker_side import WorkerSide
@@ -311,9 +312,13 @@ class Scheduler(WorkerSide):
                     log.debug("cannot reach the cancel channel of %s", inst.worker_id)
 
     def _make_queue(self, model: str, version: int, config: Any) -> VersionQueue:
-        return VersionQueue(model, version, BatcherConfig.from_model_config(config, self.delay_count),
-                            self._send_batch, self._fail, asyncio.get_running_loop().call_later,
-                            self.limiter, stats=self.stats.fresh(model, version))
+        args = (model, version, BatcherConfig.from_model_config(config, self.delay_count),
+                self._send_batch, self._fail, asyncio.get_running_loop().call_later, self.limiter)
+        stats = self.stats.fresh(model, version)
+        if config.HasField("sequence_batching"):
+            return SequenceQueue(*args, stats=stats,
+                                 sequence=SequenceConfig.from_model_config(config))
+        return VersionQueue(*args, stats=stats)
 
     def _fail_req(self, identity: bytes, req: m.InferRequest, code: int, message: str) -> None:
         self._send_frontend(identity, m.InferResult(req.req_id, error=m.ErrorRecord(int(code), message)))

@@ -37,6 +37,7 @@ from services.common.procutil import die_with_parent, set_title
 from services.common.shm import DEFAULT_INLINE_THRESHOLD, Arena, SegmentMap, ShmUnavailable
 from services.workers.batch_io import BatchIO
 from services.workers.results import ResultSender
+from services.workers.sequence import SequenceIO
 
 if TYPE_CHECKING:
     from services.workers.backends.base import Backend
@@ -70,6 +71,7 @@ class Worker(ResultSender):
         # The outputs of a request that names none: every output of the config (Triton's
         # InferenceRequest::Normalize), decided here once for every backend.
         self.config_outputs: list[str] = []
+        self.sequence_io: SequenceIO | None = None   # a sequence model's control/state inputs
         # A Python model may send responses from its own threads: the output arena and
         # the result sockets are used under this lock.
         self.lock = threading.Lock()
@@ -132,6 +134,7 @@ class Worker(ResultSender):
             # Decided once here: batches of models without any keep the plain path.
             self.batch_io = None if backend.per_request else BatchIO.of(backend.config)
             self.config_outputs = [io.name for io in backend.config.output]
+            self.sequence_io = SequenceIO.of(backend.config, msg.model_dir)
             if backend.cancels is not None:   # its models can stop early: open the cancel channel
                 backend.cancels.listen(self.scheduler_addr, self.worker_id)
             reply = m.ModelLoaded(self.worker_id, config=backend.config.SerializeToString(),
@@ -177,6 +180,9 @@ class Worker(ResultSender):
             per_item = [{r.name: self._array(r, frames) for r in it.inputs} for it in items]
             if self.backend.reshape is not None:   # config reshape: the model sees reshape.shape
                 per_item = [self.backend.reshape.inputs_for_model(p) for p in per_item]
+            if self.sequence_io is not None:       # control and state inputs
+                for it, tensors in zip(items, per_item):
+                    tensors.update(self.sequence_io.inputs(it.parameters))
             if self.backend.per_request:
                 failed = self._run_requests(items, per_item, replies, times, waiting)
             else:
@@ -223,7 +229,11 @@ class Worker(ResultSender):
             inputs = {name: np.concatenate([p[name] for p in per_item]) for name in per_item[0]}
         times[0] = time.perf_counter_ns()
         # 2. run
-        outputs = self.backend.execute(inputs, _union_outputs(items, self.config_outputs))
+        wanted = _union_outputs(items, self.config_outputs)
+        seq = self.sequence_io
+        if seq is not None and seq.state_outputs:   # computed for the next request, not sent
+            wanted += [n for n in seq.state_outputs if n not in wanted]
+        outputs = self.backend.execute(inputs, wanted)
         times[1] = time.perf_counter_ns()
         # 3. scatter: split back per request as views; one message per frontend carries
         #    all of its results (ZeroMQ costs per message, not per byte).
@@ -237,6 +247,8 @@ class Worker(ResultSender):
         for it in items:
             stop = start + it.batch_size
             mine = outputs if len(items) == 1 else {k: v[start:stop] for k, v in outputs.items()}
+            if seq is not None:
+                seq.keep(it.parameters, mine)
             names = it.outputs or self.config_outputs
             self._add_result(replies, it, [(n, mine[n]) for n in names])
             start = stop
