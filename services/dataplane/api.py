@@ -3,7 +3,7 @@ they see it. DataPlane implements it; tests drive the adapters with fakes of the
 shape, so an adapter never reaches past these methods."""
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
 from services.common.messages import ModelStat
@@ -36,8 +36,11 @@ class DataPlaneAPI(Protocol):
         """One request, one response (a decoupled model is refused, naming ``endpoint``)."""
         ...
 
-    def infer_stream(self, req: CoreRequest) -> AsyncIterator[CoreResponse]:
-        """Every response to one request, as the model sends them."""
+    def infer_stream(self, req: CoreRequest,
+                     on_sent: Callable[[], None] | None = None) -> AsyncIterator[CoreResponse]:
+        """Every response to one request, as the model sends them. ``on_sent()`` once the
+        request is on its way to the scheduler, or refused before (a stream's next request
+        waits for it: requests reach the scheduler in the order the client sent them)."""
         ...
 
     def release(self, resp: CoreResponse) -> None:

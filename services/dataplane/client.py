@@ -24,7 +24,7 @@ import itertools
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from services.common import messages as m
@@ -359,13 +359,19 @@ class DataPlane(Outbox):
             self._free_inputs(blocks)
         return self._response(req, version, result, rframes)
 
-    async def infer_stream(self, req: CoreRequest) -> AsyncIterator[CoreResponse]:
+    async def infer_stream(self, req: CoreRequest,
+                           on_sent: Callable[[], None] | None = None) -> AsyncIterator[CoreResponse]:
         """Every response to one request, as the model sends them: one for a plain model,
         any number for a decoupled one. A final flag without a response yields a
-        CoreResponse with ``final`` set and no outputs (``empty``)."""
-        info, version = await self._ready_info(req.model, req.version)
+        CoreResponse with ``final`` set and no outputs (``empty``). ``on_sent()`` once the
+        request is queued for the scheduler or refused."""
         queue: asyncio.Queue = asyncio.Queue()
-        req_id, blocks = self._send_request(req, info, version, queue)
+        try:
+            info, version = await self._ready_info(req.model, req.version)
+            req_id, blocks = self._send_request(req, info, version, queue)
+        finally:
+            if on_sent is not None:
+                on_sent()
         final = False
         try:
             while not final:

@@ -38,6 +38,7 @@ class ModelEntry:
     instances: list[Instance] = field(default_factory=list)
     fingerprint: str = ""                     # repository.fingerprint() when last (re)loaded
     override_dir: Path | None = None          # temp model dir of a load's "file:" parameters
+    composing: list[str] = field(default_factory=list)   # an ensemble's step models
 
     def ready_version(self, version: int) -> VersionState | None:
         if version == 0:

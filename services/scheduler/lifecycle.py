@@ -32,6 +32,12 @@ from services.common import messages as m
 from services.common import repository as repo
 from services.common.errors import Code, TriremeError, invalid_arg, not_ready_text, unknown_model
 from services.scheduler.dispatch import Instance
+from services.scheduler.ensemble_config import (
+    is_decoupled,
+    missing_models_text,
+    validate_ensemble,
+    validate_steps,
+)
 from services.scheduler.entries import READY, UNAVAILABLE, UNLOADING, ModelEntry, VersionState, model_info
 from services.scheduler.recovery import InstanceRecovery
 from services.scheduler.watchdog import Watchdog, execution_limit, exit_timeout_text, unload_timeout_text
@@ -81,6 +87,7 @@ class ModelManager(InstanceRecovery):
         self._retiring: list[ModelEntry] = []    # unloads and replaced entries being stopped
         self._closing = False
         self._stops: dict[str, asyncio.Future] = {}   # worker_id -> its one stop in progress
+        self._ensembles_loading: set[str] = set()      # (an ensemble must not contain itself)
 
     # ---------------------------------------------------------------- repository
     def scan(self) -> dict[str, repo.ModelSource]:
@@ -161,12 +168,22 @@ class ModelManager(InstanceRecovery):
         # Until it is READY the new entry is only here: shutdown() must see its workers too.
         self._starting.append(new)
         try:
-            cfg = await self._start_instances(new, cfg, versions)
+            if cfg.HasField("ensemble_scheduling"):
+                cfg = await self._start_ensemble(new, cfg, versions)
+            else:
+                cfg = await self._start_instances(new, cfg, versions)
         except TriremeError as e:
             await self._stop_all(new)
             _drop_override(new)
             self._set_failed(old, e.message)
             raise
+        except Exception as e:   # a bug of ours: the model still ends UNAVAILABLE, never LOADING
+            log.exception("load of '%s' failed", name)
+            await self._stop_all(new)
+            _drop_override(new)
+            err = TriremeError(Code.INTERNAL, f"internal error: {type(e).__name__}: {e}")
+            self._set_failed(old, err.message)
+            raise err from e
         except BaseException:   # cancelled (shutdown): no worker of this load may outlive it
             await self._stop_all(new)
             _drop_override(new)
@@ -191,6 +208,42 @@ class ModelManager(InstanceRecovery):
             if entry.versions else {}
         entry.info = None
         self.changed([entry.name])
+
+    async def _start_ensemble(self, entry: ModelEntry, cfg: Any, versions: list[int]) -> Any:
+        """An ensemble has no instances: its composing models are loaded (those not loaded
+        yet, as Triton does in explicit mode too), checked against its steps, and each of its
+        versions gets an EnsembleQueue that runs the steps on their queues."""
+        validate_ensemble(cfg)
+        names = list(dict.fromkeys(step.model_name for step in cfg.ensemble_scheduling.step))
+        available = self.scan()
+        missing = [n for n in names if n not in available]   # (step order: Triton names the first)
+        if missing:
+            raise invalid_arg(missing_models_text(entry.name, missing))
+        if entry.name in self._ensembles_loading:
+            raise invalid_arg(f"circular dependency: ensemble '{entry.name}' contains itself")
+        self._ensembles_loading.add(entry.name)
+        try:
+            for n in names:
+                await self._ensure_loaded(n)
+        finally:
+            self._ensembles_loading.discard(entry.name)
+        composing = {n: self.models[n].config for n in names}
+        validate_steps(cfg, composing)
+        if is_decoupled(cfg, composing):
+            raise invalid_arg(f"ensemble '{entry.name}' has a decoupled step: streaming through "
+                              "an ensemble is not supported yet")
+        entry.composing = names
+        for v in versions:
+            entry.versions[v].queue = self.make_queue(entry.name, v, cfg)
+        return cfg
+
+    async def _ensure_loaded(self, name: str) -> None:
+        """Load ``name`` unless it is loaded (a load in progress is waited for)."""
+        async with self._locks.setdefault(name, asyncio.Lock()):
+            e = self.models.get(name)
+            if e is None or e.config is None or not any(
+                    v.state == READY for v in e.versions.values()):
+                await self._load(name, None, {})
 
     async def _start_instances(self, entry: ModelEntry, cfg: Any, versions: list[int]) -> Any:
         plan: list[tuple[int, Any, int]] = []  # (version, group, index)
@@ -380,8 +433,7 @@ class ModelManager(InstanceRecovery):
         for e in self.models.values():
             for vs in e.versions.values():
                 q = vs.queue
-                if q is not None and q.instances and (
-                        len(q.batcher) or any(i.inflight for i in q.instances.values())):
+                if q is not None and q.instances and q.busy:
                     return True
         return False
 

@@ -37,6 +37,8 @@ from services.common.errors import (
 from services.common.states import ModelState
 from services.scheduler.batcher import BatcherConfig
 from services.scheduler.dispatch import Instance, Pending, VersionQueue, log_request
+from services.scheduler.ensemble import EnsembleQueue
+from services.scheduler.ensemble_config import step_order
 from services.scheduler.hosts import Hosts, LocalHost
 from services.scheduler.lifecycle import ModelManager
 from services.scheduler.metrics import Metrics, cluster_families
@@ -47,6 +49,8 @@ from services.scheduler.stats import StatsRegistry
 from services.scheduler.worker_side import WorkerSide
 
 log = logging.getLogger("trireme.scheduler")
+
+STEP_IDENTITY = b"\x00ensemble-steps"   # the "frontend" of ensemble steps: answers come back here
 
 PROBE_TIMEOUT_S = 10.0
 
@@ -92,6 +96,7 @@ class Scheduler(WorkerSide):
         self._frontend_domains: dict[bytes, str] = {}   # identity -> its shm.domain()
         self._routes: dict[str, bytes] = {}             # result address -> frontend identity
         self._requests_from: dict[bytes, list] = {}     # identity -> [result address, count]
+        self._step_queues: dict[int, Any] = {}          # ensemble step request id -> its EnsembleQueue
         self.loaded_models = LoadedModels(settings.state_file)
         self.hosts = Hosts(LocalHost(settings.worker_addr, settings.worker_args)
                            if settings.local_workers else None,
@@ -129,6 +134,13 @@ class Scheduler(WorkerSide):
         self.wsock = await transport.listen(self.settings.worker_addr, self._on_worker,
                                             on_lost=self.hosts.peer_lost)
         self.hosts.start()
+        # Results of ensemble steps come here: a path next to the worker socket's, or a TCP
+        # port on every interface (workers reach it by their own route to the scheduler).
+        addr = self.settings.worker_addr
+        self.ssock = await transport.listen(
+            transport.local_address(addr, "steps") if addr.startswith(("unix://", "ipc://"))
+            else "stream://0.0.0.0:0", self._on_step_results)
+        self.step_addr = self.ssock.address
         self.metrics_runner = None
         if self.settings.allow_metrics:
             self.metrics_runner = await self.metrics.serve(self.settings.host, self.settings.metrics_port)
@@ -180,9 +192,13 @@ class Scheduler(WorkerSide):
             await self.metrics_runner.cleanup()
         self.fsock.close()
         self.wsock.close()
+        self.ssock.close()
 
     # ------------------------------------------------------------------ frontends
     def _send_frontend(self, identity: bytes, msg: Any, frames: Sequence[Any] = ()) -> None:
+        if identity == STEP_IDENTITY:   # an ensemble step's answer, made here (an error)
+            self._step_answered(msg, list(frames))
+            return
         if not self.fsock.send(identity, m.encode(msg, frames)):   # that frontend is gone
             (log.debug if self._stopping else log.warning)("cannot reach frontend %r", identity)
             self.frontends.discard(identity)
@@ -238,9 +254,19 @@ class Scheduler(WorkerSide):
         """Whether every instance of ``model`` can map this frontend's segments: then it
         puts large inputs in shared memory, else it sends them inline."""
         domain = self._frontend_domains.get(identity, "")
+        domains = self._instance_domains(model, set())
+        return bool(domain) and domains == {domain}
+
+    def _instance_domains(self, model: str, seen: set[str]) -> set[str]:
+        """The shm domains of a model's instances (an ensemble's: its steps' models')."""
         entry = self.models.models.get(model)
-        return bool(domain and entry is not None and entry.instances
-                    and all(i.shm_domain == domain for i in entry.instances))
+        if entry is None or model in seen:
+            return set()
+        seen.add(model)
+        out = {i.shm_domain for i in entry.instances}
+        for name in entry.composing:
+            out |= self._instance_domains(name, seen)
+        return out
 
     def server_ready(self) -> bool:
         if not self.ready:
@@ -259,20 +285,22 @@ class Scheduler(WorkerSide):
         for identity in list(self.frontends):
             self._send_frontend(identity, msg)
 
-    def _infer_one(self, identity: bytes, req: m.InferRequest, frames: list[Any]) -> None:
+    def _infer_one(self, identity: bytes, req: m.InferRequest, frames: list[Any],
+                   shm_domain: str | None = None) -> None:
         """Queue one request; whatever it holds, it alone fails (the requests that came in
         the same message are queued all the same) and it still gets its answer."""
         counter = self._requests_from.get(identity)
         if counter is not None:
             counter[1] += 1
         try:
-            self._infer(identity, req, frames)
+            self._infer(identity, req, frames, shm_domain)
         except Exception as e:
             log.exception("request %d for model '%s' could not be queued", req.req_id, req.model)
             self._fail_req(identity, req, Code.INTERNAL,
                            f"the request could not be queued: {type(e).__name__}: {e}")
 
-    def _infer(self, identity: bytes, req: m.InferRequest, frames: list[Any]) -> None:
+    def _infer(self, identity: bytes, req: m.InferRequest, frames: list[Any],
+               shm_domain: str | None = None) -> None:
         entry = self.models.models.get(req.model)
         vs = entry.ready_version(req.version) if entry is not None else None
         if vs is None or vs.queue is None:
@@ -285,7 +313,8 @@ class Scheduler(WorkerSide):
             return
         req.version = vs.version
         p = Pending(identity, req, frames, time.monotonic_ns(), stats=vs.queue.stats,
-                    shm_domain=self._frontend_domains.get(identity, ""))
+                    shm_domain=self._frontend_domains.get(identity, "")
+                    if shm_domain is None else shm_domain)
         try:
             vs.queue.enqueue(p)
         except TriremeError as e:    # the queue is full
@@ -315,10 +344,48 @@ class Scheduler(WorkerSide):
         args = (model, version, BatcherConfig.from_model_config(config, self.delay_count),
                 self._send_batch, self._fail, asyncio.get_running_loop().call_later, self.limiter)
         stats = self.stats.fresh(model, version)
+        if config.HasField("ensemble_scheduling"):
+            return EnsembleQueue(model, version, config, step_order(config), self._submit_step,  # type: ignore[return-value]
+                                 self._respond, self._fail, self._release_blocks, stats)
         if config.HasField("sequence_batching"):
             return SequenceQueue(*args, stats=stats,
                                  sequence=SequenceConfig.from_model_config(config))
         return VersionQueue(*args, stats=stats)
+
+    # ------------------------------------------------------------------ ensemble steps
+    def _submit_step(self, queue: EnsembleQueue, req: m.InferRequest, frames: list[Any],
+                     shm_domain: str) -> None:
+        """Queue an ensemble step at its composing model; its answer reaches ``queue``."""
+        req.reply_to = self.step_addr
+        self._step_queues[req.req_id] = queue
+        if self._instance_domains(queue.model, set()) != {shm_domain}:
+            shm_domain = ""   # a step's output in shared memory must be mappable by every next one
+        self._infer_one(STEP_IDENTITY, req, frames, shm_domain)
+
+    def _on_step_results(self, identity: bytes, parts: list[Any]) -> None:
+        msg, frames = m.decode(parts)
+        self._step_answered(msg, frames)
+
+    def _step_answered(self, msg: Any, frames: list[Any]) -> None:
+        if not isinstance(msg, (m.InferResult, m.InferResults)):
+            return
+        for r in (msg,) if isinstance(msg, m.InferResult) else msg.results:
+            queue = self._step_queues.pop(r.req_id, None)
+            if queue is not None:
+                queue.step_result(r, frames)
+
+    def _respond(self, p: Pending, result: m.InferResult, frames: list[Any]) -> None:
+        self._send_frontend(p.frontend, result, frames)
+
+    def _release_blocks(self, blocks: list[tuple[str, int]]) -> None:
+        """Hand shared-memory blocks back to the workers that own them."""
+        by_owner: dict[int, list[tuple[str, int]]] = {}
+        for segment, offset in blocks:
+            by_owner.setdefault(int(segment.split("-")[1]), []).append((segment, offset))
+        for pid, owned in by_owner.items():
+            inst = self._by_pid.get(pid)
+            if inst is not None:
+                self._send_worker(inst.worker_id, m.ReleaseOutputs(owned))
 
     def _fail_req(self, identity: bytes, req: m.InferRequest, code: int, message: str) -> None:
         self._send_frontend(identity, m.InferResult(req.req_id, error=m.ErrorRecord(int(code), message)))

@@ -74,6 +74,14 @@ class VersionStats:
             self.success[1] += now_ns - arrival
             self.queue[1] += dispatched - arrival
 
+    def completed(self, rows: int, duration_ns: int) -> None:
+        """A request answered without an execution of its own: an ensemble's (its steps
+        count in their composing models' statistics, as in Triton)."""
+        self.last_inference_ms = time.time_ns() // 1_000_000
+        self.inference_count += rows
+        self.success[0] += 1
+        self.success[1] += duration_ns
+
     def failed(self, duration_ns: int, reason: str) -> None:
         """A request that got an error outside a model execution (rejected at the queue,
         worker lost, version unloaded), or one of a failed batch."""

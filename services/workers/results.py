@@ -43,6 +43,7 @@ class ResultSender:
     orphans: dict[tuple[str, int], float]
     arena: Arena | None
     sock: Any                      # the connection to the scheduler
+    scheduler_addr: str
     lock: threading.Lock
     model: str
 
@@ -71,8 +72,11 @@ class ResultSender:
                     # frontend that is listening again connects at once, and one for a
                     # frontend that is gone must not stall this worker's other batches.
                     quick = retried or address in self.unreachable
+                    # (the scheduler's step socket is bound to every interface: reached
+                    # by our own route to the scheduler)
                     conn = transport.connect_blocking(
-                        address, timeout=_RESULT_RECONNECT_S if quick else _RESULT_CONNECT_S)
+                        transport.reachable(address, self.scheduler_addr),
+                        timeout=_RESULT_RECONNECT_S if quick else _RESULT_CONNECT_S)
                     self.pushers[address] = conn
                 conn.send(parts)
                 self.unreachable.pop(address, None)

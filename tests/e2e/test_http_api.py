@@ -128,6 +128,7 @@ def test_repository_request_errors(server):
 @pytest.mark.parametrize("method, path", [
     ("POST", "/v2/health/live"), ("POST", "/v2"), ("GET", "/v2/models/add_sub/infer"),
     ("POST", "/v2/models/add_sub/config"), ("GET", "/v2/repository/index"),
+    ("GET", "/v2/models/add_sub/generate"),
 ])
 def test_wrong_method_is_405(server, method, path):
     status, headers, body = request(server, method, path, b"{}" if method == "POST" else None)
@@ -137,7 +138,7 @@ def test_wrong_method_is_405(server, method, path):
 
 @pytest.mark.parametrize("path", ["/", "/v1/models/add_sub", "/v2/nothing",
                                   "/v2/models/add_sub/versions/x", "/v2/models/add_sub/bogus",
-                                  "/v2/models/add_sub/trace/setting", "/v2/models/add_sub/generate",
+                                  "/v2/models/add_sub/trace/setting",
                                   "/v2/trace/setting", "/v2/logging",
                                   "/v2/systemsharedmemory/status", "/v2/cudasharedmemory/status"])
 def test_unknown_path_is_404(server, path):

@@ -160,7 +160,7 @@ def test_python_sequence_model_with_string_ids_over_a_stream(server):
         client.stop_stream()
     sums: dict[str, list[int]] = {"alpha": [], "beta": []}
     for r, e in results:
-        assert e is None, e
+        assert e is None, e.message()
         sums[r.get_response().id.split("_")[0]].append(int(r.as_numpy("OUTPUT")[0]))
     expected = [sum(range(1, n + 2)) for n in range(20)]
     assert sums == {"alpha": expected, "beta": expected}

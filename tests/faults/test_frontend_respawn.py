@@ -28,6 +28,7 @@ N = 32768                  # FP32 elements: 128 KiB per tensor
 CLIENTS = 12
 CALL_TIMEOUT_S = 20.0
 RESPAWN_DEADLINE_S = 60.0
+REUSEPORT_LAG_S = 0.05
 AFTER_RESPAWN_S = 3.0      # load keeps running this long once the frontend is back
 
 
@@ -204,8 +205,10 @@ def test_kill_a_frontend_under_load(server):
     # Errors only on connections the killed frontend held, or may have held: made before its
     # death was seen and never seen held by another frontend (a reconnect can land in its
     # accept queue while it dies; port -1: a connect that failed, "made" is when).
+    # The listener's SO_REUSEPORT group can still hand a SYN to the dead process's socket
+    # for a moment after its death is seen (CI saw one reset 2 ms after): REUSEPORT_LAG_S.
     unexcused = [(c.i, e, holders.get(port)) for c in clients for (port, made, e) in c.errors
-                 if not (made < killed_at and holders.get(port, victim) == victim)]
+                 if not (made < killed_at + REUSEPORT_LAG_S and holders.get(port, victim) == victim)]
     assert not unexcused, unexcused
     assert "Traceback" not in server.log()
 

@@ -58,10 +58,14 @@ def stream(server, value: int, kill_after_first: bool = False) -> list:
     c.start_stream(callback=lambda result, error: got.put((result, error)))
     inp = grpcclient.InferInput("IN", [1], "INT32")
     inp.set_data_from_numpy(np.array([value], np.int32))
+    before = _executions(c)
     try:
         c.async_stream_infer("stall", [inp], enable_empty_final_response=True)
         seen = [got.get(timeout=30)]
         if kill_after_first:
+            # Once the scheduler has counted the execution, the batch is done for it: only
+            # the worker's word (BatchDone.streaming) says the request is still open.
+            wait_until(lambda: _executions(c) > before, 30, "the batch to be done")
             os.kill(int(seen[0][0].as_numpy("OUT")[1]), signal.SIGKILL)
         while True:
             result, error = got.get(timeout=30)   # no hang: the final answer comes
@@ -72,6 +76,11 @@ def stream(server, value: int, kill_after_first: bool = False) -> list:
     finally:
         c.stop_stream()
         c.close()
+
+
+def _executions(client) -> int:
+    stats = client.get_inference_statistics("stall").model_stats
+    return stats[0].execution_count if stats else 0
 
 
 def test_a_stream_whose_worker_dies_after_execute_gets_its_final_answer(server):

@@ -170,16 +170,22 @@ class GrpcService:
             self._dp.release(resp)
 
     async def _stream_one(self, request: tuple[pb.ModelInferRequest, list[memoryview]],
-                          out: asyncio.Queue) -> None:
+                          out: asyncio.Queue, after: asyncio.Event | None,
+                          sent: asyncio.Event) -> None:
         """Every response to one stream request, serialized, onto ``out``; then None. Errors
         become an error_message (with the request id) and never end the stream. A decoupled
         model's bare final flag is written only when the client asked for it
-        (parameter triton_enable_empty_final_response), as Triton does."""
+        (parameter triton_enable_empty_final_response), as Triton does. The request goes to
+        the scheduler only after the one before it (``after``) has: a stream's requests run
+        concurrently but arrive in order (a sequence's requests must), even when one of them
+        waits for model metadata the next finds cached."""
         msg, raw = request
         try:
+            if after is not None:
+                await after.wait()
             core = codec.request_from_proto(msg, raw)
             want_empty = bool(core.parameters.pop("triton_enable_empty_final_response", False))
-            async for resp in self._dp.infer_stream(core):
+            async for resp in self._dp.infer_stream(core, sent.set):
                 try:
                     if resp.empty and not want_empty:
                         continue
@@ -193,6 +199,7 @@ class GrpcService:
         except Exception as exc:  # noqa: BLE001
             out.put_nowait(codec.encode_stream_error(_as_error(exc, "ModelStreamInfer").message, msg.id))
         finally:
+            sent.set()
             out.put_nowait(None)
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[Any],
@@ -209,11 +216,15 @@ class GrpcService:
         sources: asyncio.Queue[tuple[asyncio.Task, asyncio.Queue] | None] = asyncio.Queue()
 
         async def read() -> None:
+            before: asyncio.Event | None = None
             try:
                 async for request in request_iterator:
                     await window.acquire()
                     out: asyncio.Queue = asyncio.Queue()
-                    sources.put_nowait((asyncio.ensure_future(self._stream_one(request, out)), out))
+                    sent = asyncio.Event()
+                    sources.put_nowait((asyncio.ensure_future(
+                        self._stream_one(request, out, before, sent)), out))
+                    before = sent
             finally:
                 sources.put_nowait(None)  # end of requests (also on a read error)
 

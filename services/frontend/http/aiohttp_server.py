@@ -1,9 +1,9 @@
 """The HTTP adapter's handlers served by aiohttp's low-level server (--http-impl aiohttp).
 
 Each aiohttp request is adapted to the handlers' request shape (http.message) and each
-Reply to an aiohttp response, so routes, texts and codes are the ones the native server
-gives. `make_app` wraps the same dispatch in an aiohttp web.Application (one catch-all
-route) for callers that want one.
+Reply to an aiohttp response (a StreamReply to a StreamResponse written piece by piece), so
+routes, texts and codes are the ones the native server gives. `make_app` wraps the same
+dispatch in an aiohttp web.Application (one catch-all route) for callers that want one.
 
 Limits, as the native server applies them where aiohttp lets us: bodies are read as they
 arrive (never allocated at their declared size) and checked against --http-max-input-size
@@ -25,7 +25,7 @@ from services.common.errors import unknown_expect_text
 from services.dataplane.api import DataPlaneAPI
 from services.frontend.http.json_body import error_body
 from services.frontend.http.limits import BODY_MIN_RATE
-from services.frontend.http.message import BodyError, BodyTooLarge, Reply
+from services.frontend.http.message import BodyError, BodyTooLarge, Reply, StreamReply
 from services.frontend.http.routes import Handlers
 from services.frontend.settings import FrontendSettings
 
@@ -140,6 +140,40 @@ async def _read_chunks_timed(content: Any, declared: int | None, encoded: bool, 
         total += len(chunk)
 
 
+async def _respond(request: web.BaseRequest, req: _AioRequest, reply: Reply,
+                   streams: dict[Any, asyncio.Task] | None = None) -> web.StreamResponse:
+    """The aiohttp response for a handler's ``reply`` (``req.reply``, an answer of this
+    server's own, wins). A StreamReply's pieces are written as they come (chunked on
+    HTTP/1.1; ``write`` waits while the client is not reading). ``streams``: the
+    _Server's connection -> streaming task, so a client that leaves mid-stream cancels it
+    at once (without it, the next write finds the connection gone)."""
+    if req.reply is not None:
+        if isinstance(reply, StreamReply):
+            await reply.chunks.aclose()
+        return await _cut(request, req.reply)
+    if not isinstance(reply, StreamReply):
+        return _web_response(reply)
+    chunks = reply.chunks
+    protocol = request.protocol
+    try:
+        headers = {"Content-Type": reply.content_type} if reply.content_type else {}
+        if reply.headers:
+            headers.update(reply.headers)
+        resp = web.StreamResponse(status=reply.status, headers=headers)
+        if streams is not None:
+            streams[protocol] = asyncio.current_task()  # type: ignore[assignment]
+        await resp.prepare(request)
+        async for piece in chunks:
+            if piece:
+                await resp.write(piece)
+        await resp.write_eof()
+        return resp
+    finally:
+        if streams is not None:
+            streams.pop(protocol, None)
+        await chunks.aclose()
+
+
 async def _cut(request: web.BaseRequest, reply: Reply) -> web.StreamResponse:
     """Answer ``reply`` and close at once: aiohttp would otherwise go on reading the body
     that did not come in time (its lingering close) before it closes."""
@@ -171,10 +205,7 @@ def make_app(dp: DataPlaneAPI, settings: FrontendSettings) -> web.Application:
 
     async def route(request: web.Request) -> web.StreamResponse:
         req = _AioRequest(request, limit, timeout)
-        reply = await handlers.dispatch(req)
-        if req.reply is not None:
-            return await _cut(request, req.reply)
-        return _web_response(reply)
+        return await _respond(request, req, await handlers.dispatch(req))
 
     app = web.Application(client_max_size=limit)
     app.router.add_route("*", "/{tail:.*}", route)
@@ -194,24 +225,25 @@ def make_server(dp: DataPlaneAPI, settings: FrontendSettings) -> web.Server:
         if request.headers.get("Expect"):
             await _expect(request)
         req = _AioRequest(request, limit, timeout)
-        reply = await handlers.dispatch(req)
-        if req.reply is not None:
-            return await _cut(request, req.reply)
-        return _web_response(reply)
+        return await _respond(request, req, await handlers.dispatch(req), server.streams)
 
-    return _Server(serve, settings.http_max_connections, access_log=None,
-                   debug=asyncio.get_running_loop().get_debug(),
-                   keepalive_timeout=settings.http_idle_timeout_secs)
+    server = _Server(serve, settings.http_max_connections, access_log=None,
+                     debug=asyncio.get_running_loop().get_debug(),
+                     keepalive_timeout=settings.http_idle_timeout_secs)
+    return server
 
 
 class _Server(web.Server):
     """aiohttp's low-level server with --http-max-connections: past the cap, a connection
-    is answered 503 and closed, as the native server does."""
+    is answered 503 and closed, as the native server does. And a streamed answer's task is
+    cancelled when its client goes away, as the native server does (aiohttp cancels no
+    handler by default: a stream waiting for its next piece would go on unseen)."""
 
     def __init__(self, handler: Any, max_connections: int, **kwargs: Any) -> None:
         super().__init__(handler, **kwargs)
         self.max_connections = max_connections
         self.refused = 0
+        self.streams: dict[Any, asyncio.Task] = {}   # connection -> task streaming to it
         body = error_body(f"Service Unavailable: this server is at its limit of "
                           f"{max_connections} connections (--http-max-connections)")
         self._refusal = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json"
@@ -225,6 +257,12 @@ class _Server(web.Server):
             transport.close()
             return
         super().connection_made(handler, transport)
+
+    def connection_lost(self, handler: Any, exc: BaseException | None = None) -> None:
+        task = self.streams.pop(handler, None)
+        if task is not None:
+            task.cancel()
+        super().connection_lost(handler, exc)
 
 
 def make_runner(dp: DataPlaneAPI, settings: FrontendSettings) -> web.BaseRunner:

@@ -15,7 +15,17 @@ import httptools
 from services.common.errors import unknown_expect_text
 from services.frontend.http.json_body import error_body
 from services.frontend.http.limits import BODY_MIN_RATE, MAX_HEAD, MAX_HEAD_READ, MAX_QUEUED, MAX_QUEUED_BYTES
-from services.frontend.http.message import BROKEN, CHUNKS_TEXT, DONE, MAX_CHUNKS, RECEIVING, Reply, Request
+from services.frontend.http.message import (
+    BROKEN,
+    CHUNKS_TEXT,
+    DONE,
+    MAX_CHUNKS,
+    RECEIVING,
+    Reply,
+    Request,
+    StreamReply,
+)
+from services.frontend.http.streaming import StreamWriter
 from services.frontend.http.wire import (
     HEADER_NAMES,
     METHODS,
@@ -48,7 +58,7 @@ def _error(status: int, text: str) -> Reply:
 _HEAD, _BODY, _ANSWER, _IDLE, _STALL = range(5)
 
 
-class Connection(asyncio.Protocol):
+class Connection(StreamWriter, asyncio.Protocol):
     """One client connection: parses requests, answers them in order."""
 
     def __init__(self, server: NativeHttpServer) -> None:
@@ -282,15 +292,18 @@ class Connection(asyncio.Protocol):
                 except Exception:
                     if req.reply is None:
                         raise
-                if req.reply is not None:      # the engine's own answer (a limit, a timeout)
                     reply = req.reply
-                self._send(req, reply)
+                if req.reply is not None:      # the engine's own answer (a limit, a timeout)
+                    if type(reply) is StreamReply:
+                        await reply.chunks.aclose()
+                    reply = req.reply
+                if type(reply) is StreamReply:
+                    await self._send_stream(req, reply)
+                else:
+                    self._send(req, reply)
                 if self._closed:
                     return
-                if self._write_paused:
-                    self._drain = self._loop.create_future()
-                    await self._drain
-                    self._drain = None
+                await self._drained()
                 if not self._queue:
                     if self._no_more and self._parsing is None:
                         self._close()          # the client is done sending
@@ -343,6 +356,11 @@ class Connection(asyncio.Protocol):
         else:
             transport.write(head)
             transport.write(body)
+        self._sent(req, keep)
+
+    def _sent(self, req: Request, keep: bool) -> None:
+        """After an answer: drop the rest of an unread body, keep its buffer for the next
+        one, or close when the connection does not go on."""
         if req.state == RECEIVING:
             req.end(DONE)                    # answered without its body: drop the rest
         else:

@@ -15,6 +15,9 @@ that arrive, never with the size declared), inflated on the way in for gzip/defl
 that the size limit applies to the decompressed size, as in Triton.
 Back-pressure: reading pauses while the client is not reading our answers
 (pause_writing) or too many pipelined requests wait behind the one being answered.
+A StreamReply (the generate extension's server-sent events) is written as a chunked body,
+each piece when it comes and the next only once the client reads; a client that leaves
+mid-stream cancels the task answering it, which closes the stream (and its request).
 
 The server holds what all its connections share: the limits (http/limits.py: their
 defaults, flags and sources) with a counter each, the 503 answer past the connection cap,

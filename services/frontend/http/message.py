@@ -1,6 +1,7 @@
-"""The shapes both HTTP servers share with the handlers (http_server._Handlers): a Reply, the
-body errors, case-insensitive Headers; and the native server's request (http1), which
-gathers its own body as the parser hands it over.
+"""The shapes both HTTP servers share with the handlers (http_server._Handlers): a Reply (and
+a StreamReply, whose body is sent as it is produced), the body errors, case-insensitive
+Headers; and the native server's request (http1), which gathers its own body as the parser
+hands it over.
 
 A handler sees a request as: ``method``, ``path`` (percent-decoded, as aiohttp's
 request.path), ``query``, ``headers`` (case-insensitive ``get``) and ``await read()``, the
@@ -36,6 +37,7 @@ __all__ = [
     "Headers",
     "Reply",
     "Request",
+    "StreamReply",
 ]
 
 
@@ -62,6 +64,20 @@ class Reply:
                  headers: dict[str, str] | None = None, close: bool = False) -> None:
         self.status, self.body, self.content_type = status, body, content_type
         self.headers, self.close = headers, close
+
+
+class StreamReply(Reply):
+    """A reply whose body is written as it is produced (the generate extension's
+    server-sent events): ``chunks`` is an async iterator of bytes with ``aclose()``; each
+    piece is sent as it comes (HTTP/1.1: one chunk of a chunked body). The server always
+    calls ``aclose()`` once the body has ended, failed or lost its client, so whatever the
+    iterator holds (a request in flight) is let go then, not when it is collected."""
+    __slots__ = ("chunks",)
+
+    def __init__(self, status: int, chunks: Any, content_type: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(status, b"", content_type, headers)
+        self.chunks = chunks
 
 
 class Headers(dict):

@@ -29,6 +29,7 @@ from services.common.errors import REPOSITORY_NAME_UNSUPPORTED, Code, TriremeErr
 from services.dataplane.api import DataPlaneAPI
 from services.frontend import stats_codec, tls
 from services.frontend.http import codec, json_body
+from services.frontend.http.generate import Generate
 from services.frontend.http.message import BodyError, BodyTooLarge, Reply
 from services.frontend.restricted import Restriction, http_group, http_refusal_text
 from services.frontend.settings import FrontendSettings
@@ -59,7 +60,7 @@ _BINARY = "application/octet-stream"
 _HEADER_LENGTH = "Inference-Header-Content-Length"
 
 # Triton's routing regexes (FullMatch); "/v2/models/stats" is an exact path, matched first.
-# Kinds without a handler yet answer 404: model generate / generate_stream / trace/setting,
+# Kinds without a handler yet answer 404: model trace/setting,
 # /v2/logging, /v2/trace/setting, /v2/systemsharedmemory/..., /v2/cudasharedmemory/...
 _MODEL_RE = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?"
                        r"(?:/(infer|generate|generate_stream|ready|config|stats|trace/setting))?")
@@ -115,7 +116,10 @@ class Handlers:
             "config": self.model_config,
             "stats": self.model_stats,
             "infer": self.infer,
+            "generate": self.generate,
+            "generate_stream": self.generate_stream,
         }
+        self._generate = Generate(dp, self._body)
         restricted = settings.restricted.http
         if restricted:
             # group -> (header, value, the 403 Triton answers without them), built once
@@ -277,6 +281,17 @@ class Handlers:
                 payload = codec.compress(payload, chosen)
                 out = {**(out or {}), "Content-Encoding": chosen}
         return Reply(200, payload, content_type, out)
+
+    # ---- generate extension (the codec and both answers: http/generate.py) -------------
+    async def generate(self, request: Any, model: str, version: str) -> Reply:
+        if request.method != "POST":
+            return _NOT_ALLOWED
+        return await self._generate.generate(request, model, version)
+
+    async def generate_stream(self, request: Any, model: str, version: str) -> Reply:
+        if request.method != "POST":
+            return _NOT_ALLOWED
+        return await self._generate.generate_stream(request, model, version)
 
 
 # ---- the native server (the default) ----------------------------------------------------

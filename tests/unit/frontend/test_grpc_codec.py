@@ -465,7 +465,9 @@ class FakeDataPlane:
     async def unload_model(self, model: str, parameters: dict) -> None:
         self.calls.append(("unload", model, parameters))
 
-    async def infer_stream(self, req):
+    async def infer_stream(self, req, on_sent=None):
+        if on_sent is not None:
+            on_sent()
         yield await self.infer(req)
 
     async def infer(self, req, endpoint: str = ""):

@@ -63,7 +63,7 @@ def _worker(arena: Arena | None = None) -> Worker:
     w = Worker.__new__(Worker)          # no scheduler: only the result path is exercised
     w.pushers, w.unreachable, w.lent, w.orphans = {}, {}, {}, {}
     w.arena, w.lock, w.model = arena, threading.Lock(), "m"
-    w.sock = SchedulerSocket()
+    w.sock, w.scheduler_addr = SchedulerSocket(), "unix:///nonexistent/scheduler.sock"
     return w
 
 

@@ -1,0 +1,210 @@
+"""Ensembles: the queue of a model with `platform: "ensemble"`. A request runs the steps
+of `ensemble_scheduling` as their inputs become available, each step an internal request
+to its composing model's own queue, whose results come back to the scheduler:
+
+    request ─▶ Run (ensemble tensors by name) ─▶ every step whose inputs are all there
+        ─▶ step request (reply_to: the scheduler's step socket) ─▶ composing model's queue
+        ◀─ step result: its outputs become ensemble tensors (output_map) ─▶ next steps
+        ─▶ all ensemble outputs there: one response to the frontend
+
+Tensors stay where they are: a step's output in its worker's shared memory goes to the next
+worker as the same reference (it maps the producer's segment), and to the frontend too;
+inline ones travel as the received frames. The scheduler copies no tensor byte. A block is
+handed back to its worker once no later step needs it and it is not part of the response
+(the frontend releases those, as for any response). A failing step fails the request:
+"in ensemble '<e>', <the step's error>" (Triton's text), with the step's code.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.common import messages as m
+from services.common.errors import CANCELLED_TEXT, Code
+
+log = logging.getLogger("trireme.ensemble")
+
+_step_ids = itertools.count(1 << 61)   # internal request ids: never a frontend's (pid << 40)
+
+
+@dataclass(eq=False)
+class Run:
+    p: Any                                        # the ensemble request's Pending
+    tensors: dict[str, tuple[m.TensorRef, Any]] = field(default_factory=dict)   # name -> (ref, inline data)
+    started: set[int] = field(default_factory=set)
+    inflight: int = 0
+    done: bool = False
+    blocks: set[tuple[str, int]] = field(default_factory=set)   # step outputs in shared memory
+
+
+class EnsembleQueue:
+    """Implements the part of VersionQueue's interface the scheduler uses."""
+
+    def __init__(self, model: str, version: int, cfg: Any, order: list[int],
+                 submit: Callable[..., None], respond: Callable[[Any, m.InferResult, list], None],
+                 fail: Callable[[Any, int, str, str], None],
+                 release: Callable[[list[tuple[str, int]]], None], stats: Any = None) -> None:
+        self.model, self.version = model, version
+        self.steps = [cfg.ensemble_scheduling.step[i] for i in order]
+        self.outputs = [o.name for o in cfg.output]
+        self.max_inflight = cfg.ensemble_scheduling.max_inflight_requests or 0
+        self.submit, self.respond, self.fail, self.release = submit, respond, fail, release
+        self.instances: dict[str, Any] = {}
+        self.idle: list[Any] = []
+        self.runs: dict[int, tuple[Run, Any]] = {}   # a step's request id -> (run, step)
+        self.active: list[Run] = []
+        self.waiting: collections.deque[Any] = collections.deque()   # over max_inflight
+        self.stats = stats
+        if stats is not None:   # pending: the requests max_inflight_requests holds back
+            stats.batcher = self.waiting
+
+    # ------------------------------------------------------------------ VersionQueue's part
+    @property
+    def busy(self) -> bool:
+        return bool(self.active or self.waiting)
+
+    def enqueue(self, p: Any) -> None:
+        if self.max_inflight and len(self.active) >= self.max_inflight:
+            self.waiting.append(p)
+            return
+        self._start(p)
+
+    def cancel(self, frontend: bytes, req_ids: list[int]) -> tuple[list[Any], list[int]]:
+        wanted = set(req_ids)
+        removed = [p for p in self.waiting if p.frontend == frontend and p.req.req_id in wanted]
+        for p in removed:
+            self.waiting.remove(p)
+        for run in [r for r in self.active if r.p.frontend == frontend and r.p.req.req_id in wanted]:
+            self._finish(run, error=(Code.CANCELLED, CANCELLED_TEXT), reason="CANCELED")
+        gone = {p.req.req_id for p in removed}
+        return removed, [i for i in req_ids if i not in gone]
+
+    def fail_queued(self, code: int, message: str) -> None:
+        while self.waiting:
+            self.fail(self.waiting.popleft(), code, message, "OTHER")
+        for run in list(self.active):
+            self._finish(run, error=(code, message))
+
+    def worker_died(self, *args: Any) -> None:     # (no instances of its own)
+        pass
+
+    def add_instance(self, inst: Any) -> None:
+        pass
+
+    def remove_instance(self, inst: Any) -> None:
+        pass
+
+    # ------------------------------------------------------------------ steps
+    def _start(self, p: Any) -> None:
+        run = Run(p)
+        for t in p.req.inputs:
+            run.tensors[t.name] = (t, p.frames[t.frame] if t.frame >= 0 else None)
+        self.active.append(run)
+        self._advance(run)
+
+    def _advance(self, run: Run) -> None:
+        for i, step in enumerate(self.steps):
+            if i in run.started or not all(name in run.tensors for name in step.input_map.values()):
+                continue
+            run.started.add(i)
+            req_id = next(_step_ids)
+            frames: list[Any] = []
+            inputs = []
+            for step_input, name in step.input_map.items():
+                ref, data = run.tensors[name]
+                new = m.TensorRef(step_input, ref.datatype, ref.shape, ref.nbytes,
+                                  segment=ref.segment, offset=ref.offset)
+                if not ref.segment:
+                    new.frame = len(frames)
+                    frames.append(data)
+                inputs.append(new)
+            r = run.p.req
+            step_req = m.InferRequest(req_id, "", step.model_name, max(int(step.model_version), 0),
+                                      inputs, list(step.output_map), r.parameters, r.batch_size,
+                                      r.request_id)
+            self.runs[req_id] = (run, step)
+            run.inflight += 1
+            self.submit(self, step_req, frames, run.p.shm_domain)
+        if not run.inflight and not run.done:    # nothing left to run and outputs missing
+            missing = [o for o in self.outputs if o not in run.tensors]
+            self._finish(run, error=(Code.INVALID_ARG, f"{_log_prefix(run)}unexpected deadlock, "
+                                     "at least one output is not set while no more ensemble "
+                                     f"steps can be made (missing: {', '.join(missing)})"))
+
+    def step_result(self, result: m.InferResult, frames: list[Any]) -> None:
+        """A step's answer (or error), from its worker or from the scheduler."""
+        run_step = self.runs.pop(result.req_id, None)
+        if run_step is None:
+            return
+        run, step = run_step
+        step_blocks = [(o.segment, o.offset) for o in result.outputs if o.segment]
+        run.inflight -= 1
+        if run.done:                       # failed or cancelled meanwhile: nothing waits for it
+            self.release(step_blocks)
+            self._maybe_drop(run)
+            return
+        if result.error is not None:
+            self._finish(run, error=(result.error.code, result.error.message))
+            self.release(step_blocks)
+            return
+        for o in result.outputs:
+            name = step.output_map.get(o.name)
+            if name is None:
+                if o.segment:
+                    self.release([(o.segment, o.offset)])
+                continue
+            run.tensors[name] = (o, frames[o.frame] if o.frame >= 0 else None)
+            if o.segment:
+                run.blocks.add((o.segment, o.offset))
+        if all(o in run.tensors for o in self.outputs):
+            self._finish(run)
+        else:
+            self._advance(run)
+
+    def _finish(self, run: Run, error: tuple[int, str] | None = None, reason: str = "OTHER") -> None:
+        if run.done:
+            return
+        run.done = True
+        p = run.p
+        if error is not None:
+            code, text = error
+            if reason != "CANCELED":
+                text = f"in ensemble '{self.model}', {text}"
+            self.fail(p, code, text, reason)
+            self.release(sorted(run.blocks))
+        else:
+            wanted = p.req.outputs or self.outputs
+            outputs: list[m.TensorRef] = []
+            frames: list[Any] = []
+            sent: set[tuple[str, int]] = set()
+            for name in wanted:
+                ref, data = run.tensors[name]
+                out = m.TensorRef(name, ref.datatype, ref.shape, ref.nbytes,
+                                  segment=ref.segment, offset=ref.offset)
+                if ref.segment:
+                    sent.add((ref.segment, ref.offset))
+                else:
+                    out.frame = len(frames)
+                    frames.append(data)
+                outputs.append(out)
+            if self.stats is not None:
+                self.stats.completed(p.req.batch_size, time.monotonic_ns() - p.arrival_ns)
+            self.respond(p, m.InferResult(p.req.req_id, self.version, outputs), frames)
+            self.release(sorted(run.blocks - sent))
+        self._maybe_drop(run)
+
+    def _maybe_drop(self, run: Run) -> None:
+        if run.done and not run.inflight and run in self.active:
+            self.active.remove(run)
+            if self.waiting and (not self.max_inflight or len(self.active) < self.max_inflight):
+                self._start(self.waiting.popleft())
+
+
+def _log_prefix(run: Run) -> str:
+    rid = run.p.req.request_id
+    return f"[request id: {rid}] " if rid else ""
