@@ -59,6 +59,7 @@ class EnsembleQueue:
         self.runs: dict[int, tuple[Run, Any]] = {}   # a step's request id -> (run, step)
         self.active: list[Run] = []
         self.waiting: collections.deque[Any] = collections.deque()   # over max_inflight
+        self._needed_steps: dict[tuple[str, ...], frozenset[int]] = {}
         self.stats = stats
         if stats is not None:   # pending: the requests max_inflight_requests holds back
             stats.batcher = self.waiting
@@ -100,8 +101,23 @@ class EnsembleQueue:
         pass
 
     # ------------------------------------------------------------------ steps
+    def _needed(self, outputs: list[str]) -> frozenset[int]:
+        """The steps that lead to ``outputs`` (Triton runs no other): from the last step
+        back, one is needed when it writes a tensor that is needed."""
+        key = tuple(outputs)
+        steps = self._needed_steps.get(key)
+        if steps is None:
+            tensors, chosen = set(outputs), set()
+            for i in range(len(self.steps) - 1, -1, -1):
+                if tensors & set(self.steps[i].output_map.values()):
+                    chosen.add(i)
+                    tensors |= set(self.steps[i].input_map.values())
+            steps = self._needed_steps[key] = frozenset(chosen)
+        return steps
+
     def _start(self, p: Any) -> None:
         run = Run(p)
+        run.started = set(range(len(self.steps))) - self._needed(p.req.outputs or self.outputs)
         for t in p.req.inputs:
             run.tensors[t.name] = (t, p.frames[t.frame] if t.frame >= 0 else None)
         self.active.append(run)
@@ -130,11 +146,14 @@ class EnsembleQueue:
             self.runs[req_id] = (run, step)
             run.inflight += 1
             self.submit(self, step_req, frames, run.p.shm_domain)
-        if not run.inflight and not run.done:    # nothing left to run and outputs missing
-            missing = [o for o in self.outputs if o not in run.tensors]
-            self._finish(run, error=(Code.INVALID_ARG, f"{_log_prefix(run)}unexpected deadlock, "
-                                     "at least one output is not set while no more ensemble "
-                                     f"steps can be made (missing: {', '.join(missing)})"))
+        if not run.inflight and not run.done:    # nothing left to run
+            wanted = run.p.req.outputs or self.outputs
+            if any(o in run.tensors for o in wanted):   # a step left an output out: without it
+                self._finish(run)
+            else:
+                self._finish(run, error=(Code.INVALID_ARG, f"{_log_prefix(run)}unexpected "
+                                         "deadlock, at least one output is not set while no "
+                                         "more ensemble steps can be made"))
 
     def step_result(self, result: m.InferResult, frames: list[Any]) -> None:
         """A step's answer (or error), from its worker or from the scheduler."""
@@ -161,7 +180,7 @@ class EnsembleQueue:
             run.tensors[name] = (o, frames[o.frame] if o.frame >= 0 else None)
             if o.segment:
                 run.blocks.add((o.segment, o.offset))
-        if all(o in run.tensors for o in self.outputs):
+        if all(o in run.tensors for o in run.p.req.outputs or self.outputs):
             self._finish(run)
         else:
             self._advance(run)
@@ -183,6 +202,9 @@ class EnsembleQueue:
             frames: list[Any] = []
             sent: set[tuple[str, int]] = set()
             for name in wanted:
+                if name not in run.tensors:
+                    log.debug("Composing models did not output tensor %s", name)
+                    continue
                 ref, data = run.tensors[name]
                 out = m.TensorRef(name, ref.datatype, ref.shape, ref.nbytes,
                                   segment=ref.segment, offset=ref.offset)
@@ -194,7 +216,14 @@ class EnsembleQueue:
                 outputs.append(out)
             if self.stats is not None:
                 self.stats.completed(p.req.batch_size, time.monotonic_ns() - p.arrival_ns)
-            self.respond(p, m.InferResult(p.req.req_id, self.version, outputs), frames)
+            params = p.req.parameters
+            echo = {}
+            if params.get("sequence_id"):   # Triton's ensemble answers carry the sequence flags
+                echo = {"sequence_id": params["sequence_id"],
+                        "sequence_start": params.get("sequence_start") is True,
+                        "sequence_end": params.get("sequence_end") is True}
+            self.respond(p, m.InferResult(p.req.req_id, self.version, outputs, parameters=echo),
+                         frames)
             self.release(sorted(run.blocks - sent))
         self._maybe_drop(run)
 
