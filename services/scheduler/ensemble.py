@@ -33,12 +33,22 @@ _step_ids = itertools.count(1 << 61)   # internal request ids: never a frontend'
 
 
 @dataclass(eq=False)
+class Branch:
+    """One line of a request's tensors. A request starts with one; each response of a
+    decoupled step opens a new one (its tensors so far, plus that response's outputs), as
+    Triton keeps tensors per response ("iteration")."""
+    tensors: dict[str, tuple[m.TensorRef, Any]]   # name -> (ref, inline data)
+    started: set[int]                              # steps run (or not needed) on this line
+    answered: bool = False
+
+
+@dataclass(eq=False)
 class Run:
     p: Any                                        # the ensemble request's Pending
-    tensors: dict[str, tuple[m.TensorRef, Any]] = field(default_factory=dict)   # name -> (ref, inline data)
-    started: set[int] = field(default_factory=set)
-    inflight: int = 0
+    branches: list[Branch] = field(default_factory=list)
+    inflight: int = 0                             # steps running, over every branch
     done: bool = False
+    answered: bool = False                        # a response went out
     blocks: set[tuple[str, int]] = field(default_factory=set)   # step outputs in shared memory
 
 
@@ -56,7 +66,9 @@ class EnsembleQueue:
         self.submit, self.respond, self.fail, self.release = submit, respond, fail, release
         self.instances: dict[str, Any] = {}
         self.idle: list[Any] = []
-        self.runs: dict[int, tuple[Run, Any]] = {}   # a step's request id -> (run, step)
+        self.runs: dict[int, tuple[Run, Branch, Any]] = {}   # step request id -> where it runs
+        self.decoupled = cfg.model_transaction_policy.decoupled
+        self._streaming: set[str] = set()         # step models seen answering more than once
         self.active: list[Run] = []
         self.waiting: collections.deque[Any] = collections.deque()   # over max_inflight
         self._needed_steps: dict[tuple[str, ...], frozenset[int]] = {}
@@ -117,22 +129,23 @@ class EnsembleQueue:
 
     def _start(self, p: Any) -> None:
         run = Run(p)
-        run.started = set(range(len(self.steps))) - self._needed(p.req.outputs or self.outputs)
-        for t in p.req.inputs:
-            run.tensors[t.name] = (t, p.frames[t.frame] if t.frame >= 0 else None)
+        skip = set(range(len(self.steps))) - self._needed(p.req.outputs or self.outputs)
+        branch = Branch({t.name: (t, p.frames[t.frame] if t.frame >= 0 else None)
+                         for t in p.req.inputs}, skip)
+        run.branches.append(branch)
         self.active.append(run)
-        self._advance(run)
+        self._advance(run, branch)
 
-    def _advance(self, run: Run) -> None:
+    def _advance(self, run: Run, branch: Branch) -> None:
         for i, step in enumerate(self.steps):
-            if i in run.started or not all(name in run.tensors for name in step.input_map.values()):
+            if i in branch.started or not all(n in branch.tensors for n in step.input_map.values()):
                 continue
-            run.started.add(i)
+            branch.started.add(i)
             req_id = next(_step_ids)
             frames: list[Any] = []
             inputs = []
             for step_input, name in step.input_map.items():
-                ref, data = run.tensors[name]
+                ref, data = branch.tensors[name]
                 new = m.TensorRef(step_input, ref.datatype, ref.shape, ref.nbytes,
                                   segment=ref.segment, offset=ref.offset)
                 if not ref.segment:
@@ -143,49 +156,115 @@ class EnsembleQueue:
             step_req = m.InferRequest(req_id, "", step.model_name, max(int(step.model_version), 0),
                                       inputs, list(step.output_map), r.parameters, r.batch_size,
                                       r.request_id)
-            self.runs[req_id] = (run, step)
+            self.runs[req_id] = (run, branch, step)
             run.inflight += 1
             self.submit(self, step_req, frames, run.p.shm_domain)
-        if not run.inflight and not run.done:    # nothing left to run
-            wanted = run.p.req.outputs or self.outputs
-            if any(o in run.tensors for o in wanted):   # a step left an output out: without it
-                self._finish(run)
-            else:
-                self._finish(run, error=(Code.INVALID_ARG, f"{_log_prefix(run)}unexpected "
-                                         "deadlock, at least one output is not set while no "
-                                         "more ensemble steps can be made"))
+        self._respond_if_complete(run, branch)
+        if not run.inflight and not run.done:    # nothing runs and nothing more can start
+            self._end(run)
 
     def step_result(self, result: m.InferResult, frames: list[Any]) -> None:
-        """A step's answer (or error), from its worker or from the scheduler."""
-        run_step = self.runs.pop(result.req_id, None)
-        if run_step is None:
+        """A step's answer (or error), from its worker or from the scheduler. A decoupled
+        step answers any number of times, the last with ``final`` set."""
+        entry = self.runs.get(result.req_id)
+        if entry is None:
             return
-        run, step = run_step
+        run, branch, step = entry
+        if result.final:
+            del self.runs[result.req_id]
+            run.inflight -= 1
         step_blocks = [(o.segment, o.offset) for o in result.outputs if o.segment]
-        run.inflight -= 1
         if run.done:                       # failed or cancelled meanwhile: nothing waits for it
             self.release(step_blocks)
             self._maybe_drop(run)
             return
         if result.error is not None:
-            self._finish(run, error=(result.error.code, result.error.message))
             self.release(step_blocks)
+            self._finish(run, error=(result.error.code, result.error.message))
             return
-        for o in result.outputs:
-            name = step.output_map.get(o.name)
-            if name is None:
+        if not result.empty:
+            # A response of a decoupled step opens its own branch; a plain step's single
+            # answer continues the branch it ran on.
+            target = branch
+            if not result.final or step.model_name in self._streaming:
+                self._streaming.add(step.model_name)
+                target = Branch(dict(branch.tensors), set(branch.started))
+                run.branches.append(target)
+            for o in result.outputs:
+                name = step.output_map.get(o.name)
+                if name is None:
+                    if o.segment:
+                        self.release([(o.segment, o.offset)])
+                    continue
+                target.tensors[name] = (o, frames[o.frame] if o.frame >= 0 else None)
                 if o.segment:
-                    self.release([(o.segment, o.offset)])
-                continue
-            run.tensors[name] = (o, frames[o.frame] if o.frame >= 0 else None)
-            if o.segment:
-                run.blocks.add((o.segment, o.offset))
-        if all(o in run.tensors for o in run.p.req.outputs or self.outputs):
-            self._finish(run)
-        else:
-            self._advance(run)
+                    run.blocks.add((o.segment, o.offset))
+            self._advance(run, target)
+        elif not run.inflight and not run.done:
+            self._end(run)
 
-    def _finish(self, run: Run, error: tuple[int, str] | None = None, reason: str = "OTHER") -> None:
+    def _respond_if_complete(self, run: Run, branch: Branch) -> None:
+        """A branch with every requested output answers (a decoupled ensemble: each such
+        branch, not final; a plain one: the first and only, final)."""
+        if branch.answered or run.done:
+            return
+        if all(o in branch.tensors for o in run.p.req.outputs or self.outputs):
+            branch.answered = True
+            if self.decoupled:
+                self._answer(run, branch, final=False)
+            else:
+                self._finish(run, branch)
+
+    def _end(self, run: Run) -> None:
+        """No step runs and none can start: the request is over."""
+        if self.decoupled:
+            self._finish(run)
+            return
+        wanted = run.p.req.outputs or self.outputs
+        partial = [b for b in run.branches if any(o in b.tensors for o in wanted)]
+        if partial:   # a step left an output out: answer without it, as Triton does
+            self._finish(run, partial[0])
+        else:
+            self._finish(run, error=(Code.INVALID_ARG, f"{_log_prefix(run)}unexpected deadlock, "
+                                     "at least one output is not set while no more ensemble "
+                                     "steps can be made"))
+
+    def _answer(self, run: Run, branch: Branch, final: bool) -> set[tuple[str, int]]:
+        """Send the requested outputs of ``branch``; returns the blocks that went out (the
+        frontend releases those)."""
+        p = run.p
+        outputs: list[m.TensorRef] = []
+        frames: list[Any] = []
+        sent: set[tuple[str, int]] = set()
+        for name in p.req.outputs or self.outputs:
+            if name not in branch.tensors:
+                log.debug("Composing models did not output tensor %s", name)
+                continue
+            ref, data = branch.tensors[name]
+            out = m.TensorRef(name, ref.datatype, ref.shape, ref.nbytes,
+                              segment=ref.segment, offset=ref.offset)
+            if ref.segment:
+                sent.add((ref.segment, ref.offset))
+            else:
+                out.frame = len(frames)
+                frames.append(data)
+            outputs.append(out)
+        params = p.req.parameters
+        echo = {}
+        if params.get("sequence_id"):   # Triton's ensemble answers carry the sequence flags
+            echo = {"sequence_id": params["sequence_id"],
+                    "sequence_start": params.get("sequence_start") is True,
+                    "sequence_end": params.get("sequence_end") is True}
+        run.answered = True
+        run.blocks -= sent
+        self.respond(p, m.InferResult(p.req.req_id, self.version, outputs, parameters=echo,
+                                      final=final), frames)
+        return sent
+
+    def _finish(self, run: Run, branch: Branch | None = None,
+                error: tuple[int, str] | None = None, reason: str = "OTHER") -> None:
+        """The request's last word: an error, the answer of ``branch``, or (a decoupled
+        ensemble) the bare final flag."""
         if run.done:
             return
         run.done = True
@@ -195,36 +274,16 @@ class EnsembleQueue:
             if reason != "CANCELED":
                 text = f"in ensemble '{self.model}', {text}"
             self.fail(p, code, text, reason)
-            self.release(sorted(run.blocks))
         else:
-            wanted = p.req.outputs or self.outputs
-            outputs: list[m.TensorRef] = []
-            frames: list[Any] = []
-            sent: set[tuple[str, int]] = set()
-            for name in wanted:
-                if name not in run.tensors:
-                    log.debug("Composing models did not output tensor %s", name)
-                    continue
-                ref, data = run.tensors[name]
-                out = m.TensorRef(name, ref.datatype, ref.shape, ref.nbytes,
-                                  segment=ref.segment, offset=ref.offset)
-                if ref.segment:
-                    sent.add((ref.segment, ref.offset))
-                else:
-                    out.frame = len(frames)
-                    frames.append(data)
-                outputs.append(out)
             if self.stats is not None:
                 self.stats.completed(p.req.batch_size, time.monotonic_ns() - p.arrival_ns)
-            params = p.req.parameters
-            echo = {}
-            if params.get("sequence_id"):   # Triton's ensemble answers carry the sequence flags
-                echo = {"sequence_id": params["sequence_id"],
-                        "sequence_start": params.get("sequence_start") is True,
-                        "sequence_end": params.get("sequence_end") is True}
-            self.respond(p, m.InferResult(p.req.req_id, self.version, outputs, parameters=echo),
-                         frames)
-            self.release(sorted(run.blocks - sent))
+            if branch is not None:
+                self._answer(run, branch, final=True)
+            else:
+                self.respond(p, m.InferResult(p.req.req_id, self.version, final=True,
+                                              empty=True), [])
+        self.release(sorted(run.blocks))
+        run.blocks.clear()
         self._maybe_drop(run)
 
     def _maybe_drop(self, run: Run) -> None:

@@ -229,9 +229,8 @@ class ModelManager(InstanceRecovery):
             self._ensembles_loading.discard(entry.name)
         composing = {n: self.models[n].config for n in names}
         validate_steps(cfg, composing)
-        if is_decoupled(cfg, composing):
-            raise invalid_arg(f"ensemble '{entry.name}' has a decoupled step: streaming through "
-                              "an ensemble is not supported yet")
+        # Triton: an ensemble with a decoupled step streams (its clients use a stream).
+        cfg.model_transaction_policy.decoupled = is_decoupled(cfg, composing)
         entry.composing = names
         for v in versions:
             entry.versions[v].queue = self.make_queue(entry.name, v, cfg)

@@ -370,7 +370,8 @@ class Scheduler(WorkerSide):
         if not isinstance(msg, (m.InferResult, m.InferResults)):
             return
         for r in (msg,) if isinstance(msg, m.InferResult) else msg.results:
-            queue = self._step_queues.pop(r.req_id, None)
+            # (a decoupled step answers several times: the last has final set)
+            queue = (self._step_queues.pop if r.final else self._step_queues.get)(r.req_id, None)
             if queue is not None:
                 queue.step_result(r, frames)
 

@@ -4,14 +4,26 @@ UNAVAILABLE (never LOADING), composing models loaded with the ensemble in explic
 statistics for the ensemble and its steps."""
 from __future__ import annotations
 
+import queue
+
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from conftest import start_server, wait_until
 from models import add_sub, scale, write_config
-from models_python import ADD_SUB, ADD_SUB_CONFIG, IDENTITY, RAISER, io_config, python_model
+from models_python import ADD_SUB, ADD_SUB_CONFIG, IDENTITY, RAISER, REPEAT, io_config, python_model
 from tritonclient.utils import InferenceServerException
+
+DOUBLE = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy() * 2)]) for r in requests]
+'''
 
 A = np.arange(4, dtype=np.float32).reshape(1, 4)
 B = np.ones((1, 4), dtype=np.float32)
@@ -78,6 +90,19 @@ def repository(root):
         { model_name: "onnx_scale" model_version: -1
           input_map { key: "INPUT0" value: "mid" } output_map { key: "OUTPUT0" value: "OUT" } }''',
              fp32("IN", "-1"), fp32("OUT", "-1"))
+    # a decoupled step (one response per element) feeding a plain one: the ensemble streams
+    python_model(root, "repeat", REPEAT, io_config(
+        "repeat", [("IN", "TYPE_INT32", "[ -1 ]")], [("OUT", "TYPE_INT32", "[ 1 ]")],
+        extra="model_transaction_policy { decoupled: true }"))
+    python_model(root, "py_double", DOUBLE, io_config(
+        "py_double", [("X", "TYPE_INT32", "[ 1 ]")], [("Y", "TYPE_INT32", "[ 1 ]")]))
+    ensemble(root, "streamed", '''
+        { model_name: "repeat" model_version: -1
+          input_map { key: "IN" value: "VALUES" } output_map { key: "OUT" value: "one" } },
+        { model_name: "py_double" model_version: -1
+          input_map { key: "X" value: "one" } output_map { key: "Y" value: "TWICE" } }''',
+             '{ name: "VALUES" data_type: TYPE_INT32 dims: [ -1 ] }',
+             '{ name: "TWICE" data_type: TYPE_INT32 dims: [ 1 ] }', max_batch=0)
     ensemble(root, "failing", '''
         { model_name: "raiser" model_version: -1
           input_map { key: "X" value: "IN" } output_map { key: "Y" value: "OUT" } }''',
@@ -100,7 +125,7 @@ def server(tmp_path_factory):
         client = httpclient.InferenceServerClient(srv.http_url)
         wait_until(lambda: {e["name"] for e in client.get_model_repository_index()
                             if e.get("state") in ("READY", "UNAVAILABLE")} >= {
-            "chain", "py_chain", "nested", "big", "failing", "missing_step", "bad_map"},
+            "chain", "py_chain", "nested", "big", "failing", "missing_step", "bad_map", "streamed"},
             60, "every model to load or fail")
         yield srv
 
@@ -193,3 +218,26 @@ def test_explicit_mode_loads_the_composing_models(tmp_path):
         assert "no_such_model" in e.value.message()
         states = {x["name"]: x.get("state") for x in client.get_model_repository_index()}
         assert states["missing_step"] == "UNAVAILABLE"
+
+
+def test_a_decoupled_step_streams_through_the_ensemble(server):
+    """repeat answers once per element of VALUES; each answer runs py_double on its own
+    and comes back as one response of the (now decoupled) ensemble, then the final flag."""
+    config = httpclient.InferenceServerClient(server.http_url).get_model_config("streamed")
+    assert config["model_transaction_policy"]["decoupled"] is True
+    got: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    inp = grpcclient.InferInput("VALUES", [3], "INT32")
+    inp.set_data_from_numpy(np.array([7, 8, 9], np.int32))
+    try:
+        client.async_stream_infer("streamed", [inp], enable_empty_final_response=True)
+        seen = [got.get(timeout=30) for _ in range(4)]
+    finally:
+        client.stop_stream()
+    assert [e for _, e in seen if e is not None] == []
+    values = sorted(int(r.as_numpy("TWICE")[0]) for r, _ in seen[:3])
+    assert values == [14, 16, 18]
+    finals = [r.get_response().parameters["triton_final_response"].bool_param for r, _ in seen]
+    assert finals == [False, False, False, True]
+    assert seen[3][0].as_numpy("TWICE") is None
