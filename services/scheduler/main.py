@@ -134,12 +134,13 @@ class Scheduler(WorkerSide):
         self.wsock = await transport.listen(self.settings.worker_addr, self._on_worker,
                                             on_lost=self.hosts.peer_lost)
         self.hosts.start()
-        # Results of ensemble steps come here: a path next to the worker socket's, or a TCP
-        # port on every interface (workers reach it by their own route to the scheduler).
+        # Results of ensemble steps come here: a socket beside the worker socket's path, or a
+        # TCP port on every interface (workers reach it by their own route to the scheduler).
         addr = self.settings.worker_addr
+        scheme, _, path = addr.partition("://")
         self.ssock = await transport.listen(
-            transport.local_address(addr, "steps") if addr.startswith(("unix://", "ipc://"))
-            else "stream://0.0.0.0:0", self._on_step_results)
+            f"{scheme}://{os.path.join(os.path.dirname(path), 'steps.sock')}"
+            if scheme in ("unix", "ipc") else "stream://0.0.0.0:0", self._on_step_results)
         self.step_addr = self.ssock.address
         self.metrics_runner = None
         if self.settings.allow_metrics:
