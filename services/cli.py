@@ -209,6 +209,8 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
 
 
 def _asyncio_run(coro) -> int:
+    from services.common.procutil import tune_gc
+    tune_gc()
     try:
         import uvloop
         uvloop.install()

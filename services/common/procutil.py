@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import signal
 from types import ModuleType
@@ -13,6 +14,21 @@ except ImportError:  # titles are a convenience, never a requirement
     _spt = None
 
 _PR_SET_PDEATHSIG = 1
+
+
+# The hot paths allocate a few hundred short-lived objects per request; with the default
+# threshold (700) the collector runs every few requests and its full passes walk every
+# object the process holds (frameworks, protobufs): 6 % of the frontend's and the worker's
+# samples under load (docs/benchmarks.md, vs Triton). What exists after start-up is frozen
+# out of the collector's view, and young collections run every 20,000 allocations.
+GC_THRESHOLDS = (20_000, 20, 20)
+
+
+def tune_gc() -> None:
+    """Call once start-up has imported and built what the process keeps."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def set_title(title: str) -> None:

@@ -9,7 +9,7 @@ import signal
 import sys
 
 from services.common.flags import parse_bool
-from services.common.procutil import die_with_parent, set_title
+from services.common.procutil import die_with_parent, set_title, tune_gc
 from services.common.shm import DEFAULT_INLINE_THRESHOLD
 from services.dataplane.client import DataPlane
 from services.frontend.grpc.limits import add_grpc_limit_args, grpc_limits_from_args
@@ -171,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = checked_settings(args, args.scheduler, args.result_addr)
     except TlsError as e:
         p.error(str(e))
+    tune_gc()
     asyncio.run(run(settings))
     return 0
 

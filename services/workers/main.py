@@ -33,7 +33,7 @@ from services.common.datatypes import (
     serialize_bytes_tensor,
 )
 from services.common.errors import Code, TriremeError, load_failed_text
-from services.common.procutil import die_with_parent, set_title
+from services.common.procutil import die_with_parent, set_title, tune_gc
 from services.common.shm import DEFAULT_INLINE_THRESHOLD, Arena, SegmentMap, ShmUnavailable
 from services.workers.batch_io import BatchIO
 from services.workers.results import ResultSender
@@ -147,6 +147,7 @@ class Worker(ResultSender):
             reply = m.ModelLoaded(self.worker_id, error=m.ErrorRecord(
                 int(Code.INVALID_ARG), load_failed_text(msg.model, msg.version, e)))
         self.sock.send(m.encode(reply))
+        tune_gc()   # the model's own objects, kept for good, leave the collector's view too
 
     def probe(self, msg: m.ProbeReady) -> None:
         """Readiness as the backend sees it (a Python model's is_ready())."""
@@ -385,6 +386,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     _exit_if_stuck_after_term()
+    tune_gc()
     try:
         worker.run()
     finally:
