@@ -101,6 +101,8 @@ def test_example_stream_client(server):
     assert [e for _, e in results if e is not None] == []
     pairs = [(r.get_response().id, int(r.as_numpy("OUTPUT")[0][0])) for r, _ in results]
     assert _by_sequence(pairs, seq_ids) == _expected("simple_sequence")
+    # Triton marks every stream response, asked or not (its backpressure QA test relies on it)
+    assert all(r.get_response().parameters["triton_final_response"].bool_param for r, _ in results)
 
 
 def test_example_aio_stream_client(server):

@@ -173,9 +173,10 @@ class GrpcService:
                           out: asyncio.Queue, after: asyncio.Event | None,
                           sent: asyncio.Event) -> None:
         """Every response to one stream request, serialized, onto ``out``; then None. Errors
-        become an error_message (with the request id) and never end the stream. A decoupled
-        model's bare final flag is written only when the client asked for it
-        (parameter triton_enable_empty_final_response), as Triton does. The request goes to
+        become an error_message (with the request id) and never end the stream. Every
+        response carries triton_final_response; a decoupled model's bare final flag is
+        written only when the client asked for it (parameter
+        triton_enable_empty_final_response), as Triton does. The request goes to
         the scheduler only after the one before it (``after``) has: a stream's requests run
         concurrently but arrive in order (a sequence's requests must), even when one of them
         waits for model metadata the next finds cached."""
@@ -189,8 +190,9 @@ class GrpcService:
                 try:
                     if resp.empty and not want_empty:
                         continue
-                    if want_empty:
-                        resp.parameters = {**resp.parameters, "triton_final_response": resp.final}
+                    # Triton marks every stream response (stream_infer_handler.cc), the
+                    # bare final flag only when asked for it.
+                    resp.parameters = {**resp.parameters, "triton_final_response": resp.final}
                     if not resp.id:
                         resp.id = core.id
                     out.put_nowait(codec.encode_stream_response(resp))
