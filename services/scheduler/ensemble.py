@@ -70,36 +70,31 @@ class EnsembleQueue:
         self.decoupled = cfg.model_transaction_policy.decoupled
         self._streaming: set[str] = set()         # step models seen answering more than once
         self.active: list[Run] = []
-        self.waiting: collections.deque[Any] = collections.deque()   # over max_inflight
+        # max_inflight_requests (Triton's ensemble backpressure): at most this many requests
+        # in flight at each step, over all of the ensemble's requests; the rest wait here.
+        self.step_inflight = [0] * len(self.steps)
+        self.deferred: list[collections.deque[tuple[Run, Branch]]] = [
+            collections.deque() for _ in self.steps]
         self._needed_steps: dict[tuple[str, ...], frozenset[int]] = {}
         self.stats = stats
-        if stats is not None:   # pending: the requests max_inflight_requests holds back
-            stats.batcher = self.waiting
+        if stats is not None:   # pending: the step requests max_inflight_requests holds back
+            stats.batcher = _Deferred(self.deferred)
 
     # ------------------------------------------------------------------ VersionQueue's part
     @property
     def busy(self) -> bool:
-        return bool(self.active or self.waiting)
+        return bool(self.active)
 
     def enqueue(self, p: Any) -> None:
-        if self.max_inflight and len(self.active) >= self.max_inflight:
-            self.waiting.append(p)
-            return
         self._start(p)
 
     def cancel(self, frontend: bytes, req_ids: list[int]) -> tuple[list[Any], list[int]]:
         wanted = set(req_ids)
-        removed = [p for p in self.waiting if p.frontend == frontend and p.req.req_id in wanted]
-        for p in removed:
-            self.waiting.remove(p)
         for run in [r for r in self.active if r.p.frontend == frontend and r.p.req.req_id in wanted]:
             self._finish(run, error=(Code.CANCELLED, CANCELLED_TEXT), reason="CANCELED")
-        gone = {p.req.req_id for p in removed}
-        return removed, [i for i in req_ids if i not in gone]
+        return [], req_ids
 
     def fail_queued(self, code: int, message: str) -> None:
-        while self.waiting:
-            self.fail(self.waiting.popleft(), code, message, "OTHER")
         for run in list(self.active):
             self._finish(run, error=(code, message))
 
@@ -141,27 +136,48 @@ class EnsembleQueue:
             if i in branch.started or not all(n in branch.tensors for n in step.input_map.values()):
                 continue
             branch.started.add(i)
-            req_id = next(_step_ids)
-            frames: list[Any] = []
-            inputs = []
-            for step_input, name in step.input_map.items():
-                ref, data = branch.tensors[name]
-                new = m.TensorRef(step_input, ref.datatype, ref.shape, ref.nbytes,
-                                  segment=ref.segment, offset=ref.offset)
-                if not ref.segment:
-                    new.frame = len(frames)
-                    frames.append(data)
-                inputs.append(new)
-            r = run.p.req
-            step_req = m.InferRequest(req_id, "", step.model_name, max(int(step.model_version), 0),
-                                      inputs, list(step.output_map), r.parameters, r.batch_size,
-                                      r.request_id)
-            self.runs[req_id] = (run, branch, step)
             run.inflight += 1
-            self.submit(self, step_req, frames, run.p.shm_domain)
+            if self.max_inflight and self.step_inflight[i] >= self.max_inflight:
+                self.deferred[i].append((run, branch))
+            else:
+                self._dispatch(run, branch, i)
         self._respond_if_complete(run, branch)
         if not run.inflight and not run.done:    # nothing runs and nothing more can start
             self._end(run)
+
+    def _dispatch(self, run: Run, branch: Branch, i: int) -> None:
+        """Send step ``i`` of ``branch`` to its model's queue (run.inflight counts it)."""
+        step = self.steps[i]
+        self.step_inflight[i] += 1
+        req_id = next(_step_ids)
+        frames: list[Any] = []
+        inputs = []
+        for step_input, name in step.input_map.items():
+            ref, data = branch.tensors[name]
+            new = m.TensorRef(step_input, ref.datatype, ref.shape, ref.nbytes,
+                              segment=ref.segment, offset=ref.offset)
+            if not ref.segment:
+                new.frame = len(frames)
+                frames.append(data)
+            inputs.append(new)
+        r = run.p.req
+        step_req = m.InferRequest(req_id, "", step.model_name, max(int(step.model_version), 0),
+                                  inputs, list(step.output_map), r.parameters, r.batch_size,
+                                  r.request_id)
+        self.runs[req_id] = (run, branch, i)
+        self.submit(self, step_req, frames, run.p.shm_domain)
+
+    def _step_freed(self, i: int) -> None:
+        """A request left step ``i``: the next one waiting for it goes."""
+        self.step_inflight[i] -= 1
+        waiting = self.deferred[i]
+        while waiting and self.step_inflight[i] < (self.max_inflight or len(waiting) + 1):
+            run, branch = waiting.popleft()
+            if run.done:
+                run.inflight -= 1
+                self._maybe_drop(run)
+            else:
+                self._dispatch(run, branch, i)
 
     def step_result(self, result: m.InferResult, frames: list[Any]) -> None:
         """A step's answer (or error), from its worker or from the scheduler. A decoupled
@@ -169,10 +185,12 @@ class EnsembleQueue:
         entry = self.runs.get(result.req_id)
         if entry is None:
             return
-        run, branch, step = entry
+        run, branch, i = entry
+        step = self.steps[i]
         if result.final:
             del self.runs[result.req_id]
             run.inflight -= 1
+            self._step_freed(i)
         step_blocks = [(o.segment, o.offset) for o in result.outputs if o.segment]
         if run.done:                       # failed or cancelled meanwhile: nothing waits for it
             self.release(step_blocks)
@@ -289,8 +307,16 @@ class EnsembleQueue:
     def _maybe_drop(self, run: Run) -> None:
         if run.done and not run.inflight and run in self.active:
             self.active.remove(run)
-            if self.waiting and (not self.max_inflight or len(self.active) < self.max_inflight):
-                self._start(self.waiting.popleft())
+
+
+class _Deferred:
+    """What nv_inference_pending_request_count counts for an ensemble (stats.batcher)."""
+
+    def __init__(self, deferred: list[collections.deque]) -> None:
+        self.deferred = deferred
+
+    def __len__(self) -> int:
+        return sum(len(d) for d in self.deferred)
 
 
 def _log_prefix(run: Run) -> str:

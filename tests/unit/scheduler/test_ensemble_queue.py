@@ -106,13 +106,17 @@ def test_a_failing_step_fails_the_request_once_and_late_answers_are_released():
     assert ("trireme-9-out-0", 128) in h.released and not h.q.busy
 
 
-def test_max_inflight_requests_holds_the_rest_back():
+def test_max_inflight_requests_limits_each_step_over_all_requests():
+    """Triton's ensemble backpressure: at most N requests in flight at each step."""
     h = Harness(max_inflight_requests=1)
-    h.request(["SIDE"])
-    h.request(["SIDE"])
-    assert len(h.submitted) == 1 and len(h.q.stats.batcher) == 1        # the second waits
-    h.answer(h.step("side"))
-    assert len(h.submitted) == 2                                          # its turn now
+    h.request()
+    h.request()
+    assert [r.model for r in h.submitted] == ["first", "side"]          # the second waits
+    assert len(h.q.stats.batcher) == 2                                    # (both of its steps)
+    h.answer(h.submitted[0])                                              # 1st's "first" done
+    assert [r.model for r in h.submitted[2:]] == ["first", "second"]     # 2nd's first, its next
+    h.answer(h.submitted[1])                                              # 1st's "side" done
+    assert h.submitted[-1].model == "side" and len(h.q.stats.batcher) == 0
 
 
 def test_cancel_answers_a_running_request_cancelled():
