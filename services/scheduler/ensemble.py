@@ -222,15 +222,16 @@ class EnsembleQueue:
             self._end(run)
 
     def _respond_if_complete(self, run: Run, branch: Branch) -> None:
-        """A branch with every requested output answers (a decoupled ensemble: each such
-        branch, not final; a plain one: the first and only, final)."""
+        """A branch with every requested output answers: final when no step of the request
+        is running any more (a plain ensemble's only answer; a decoupled one's last), else
+        not final (a decoupled ensemble's answers before it)."""
         if branch.answered or run.done:
             return
         if all(o in branch.tensors for o in run.p.req.outputs or self.outputs):
             branch.answered = True
-            if self.decoupled:
+            if self.decoupled and run.inflight:
                 self._answer(run, branch, final=False)
-            else:
+            else:   # nothing else runs: this answer is the last (Triton flags it final)
                 self._finish(run, branch)
 
     def _end(self, run: Run) -> None:

@@ -230,14 +230,17 @@ def test_a_decoupled_step_streams_through_the_ensemble(server):
     client.start_stream(callback=lambda result, error: got.put((result, error)))
     inp = grpcclient.InferInput("VALUES", [3], "INT32")
     inp.set_data_from_numpy(np.array([7, 8, 9], np.int32))
+    seen = []
     try:
         client.async_stream_infer("streamed", [inp], enable_empty_final_response=True)
-        seen = [got.get(timeout=30) for _ in range(4)]
+        while not seen or not seen[-1][0].get_response().parameters[
+                "triton_final_response"].bool_param:
+            seen.append(got.get(timeout=30))
+            assert seen[-1][1] is None, seen[-1][1]
     finally:
         client.stop_stream()
-    assert [e for _, e in seen if e is not None] == []
-    values = sorted(int(r.as_numpy("TWICE")[0]) for r, _ in seen[:3])
+    values = sorted(int(r.as_numpy("TWICE")[0]) for r, _ in seen if r.as_numpy("TWICE") is not None)
     assert values == [14, 16, 18]
-    finals = [r.get_response().parameters["triton_final_response"].bool_param for r, _ in seen]
-    assert finals == [False, False, False, True]
-    assert seen[3][0].as_numpy("TWICE") is None
+    # The final flag comes with the last answer when no step still runs then, else alone
+    # (as Triton's FinishEnsemble does): 3 answers, plus perhaps the bare flag.
+    assert len(seen) in (3, 4)

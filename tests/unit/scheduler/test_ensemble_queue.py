@@ -154,3 +154,19 @@ def test_each_response_of_a_decoupled_step_runs_the_rest_and_answers():
     h.q.step_result(m.InferResult(repeat.req_id, final=True, empty=True), [])
     last = h.answers[-1][1]
     assert last.final and last.empty and not h.q.busy
+
+
+def test_the_last_answer_is_final_when_nothing_else_runs():
+    """Triton's FinishEnsemble: an answer sent when no step is in flight carries the final
+    flag; no bare flag follows."""
+    h = Harness(DECOUPLED, decoupled=True)
+    h.request()
+    repeat = h.step("repeat")
+    h.answer(repeat, final=False)
+    h.answer(repeat, final=False)
+    h.q.step_result(m.InferResult(repeat.req_id, final=True, empty=True), [])
+    first, second = h.submitted[1:]
+    h.answer(first)
+    h.answer(second)
+    assert [(r.final, r.empty) for _, r in h.answers] == [(False, False), (True, False)]
+    assert not h.q.busy
