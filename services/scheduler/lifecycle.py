@@ -232,6 +232,9 @@ class ModelManager(InstanceRecovery):
         # Triton: an ensemble with a decoupled step streams (its clients use a stream).
         cfg.model_transaction_policy.decoupled = is_decoupled(cfg, composing)
         entry.composing = names
+        if cfg.ensemble_scheduling.max_inflight_requests > 0:   # (Triton's words: its QA greps them)
+            log.info("Ensemble model '%s' configured with max_inflight_requests: %d", entry.name,
+                     cfg.ensemble_scheduling.max_inflight_requests)
         for v in versions:
             entry.versions[v].queue = self.make_queue(entry.name, v, cfg)
         return cfg
