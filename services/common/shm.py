@@ -352,6 +352,15 @@ def _owner_pid(name: str) -> int | None:
     return int(m.group(1))
 
 
+def by_owner(blocks: list[tuple[str, int]]) -> dict[int, list[tuple[str, int]]]:
+    """Blocks (segment, offset) grouped by the pid their segment's name gives: whose
+    release message each goes in."""
+    out: dict[int, list[tuple[str, int]]] = {}
+    for segment, offset in blocks:   # trireme-<owner pid>-<role>-<n>[-n<pidns>]
+        out.setdefault(int(segment.split("-")[1]), []).append((segment, offset))
+    return out
+
+
 def domain() -> str:
     """This process's shared-memory domain: processes that report the same id see the same
     /dev/shm, so one can map the other's segments; "" when there is no usable /dev/shm.

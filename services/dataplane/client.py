@@ -30,7 +30,7 @@ from typing import Any
 from services.common import messages as m
 from services.common import transport
 from services.common.errors import Code, TriremeError, bad_version_string_text, invalid_arg
-from services.common.shm import SHM_DIR, Arena, SegmentMap, ShmUnavailable
+from services.common.shm import SHM_DIR, Arena, SegmentMap, ShmUnavailable, by_owner
 from services.common.shm import domain as shm_domain
 from services.common.states import ModelState
 from services.dataplane.outbox import Outbox
@@ -462,9 +462,6 @@ class DataPlane(Outbox):
         self._release_blocks([(r.segment, r.offset) for r in refs if r.segment])
 
     def _release_blocks(self, blocks: list[tuple[str, int]]) -> None:
-        by_owner: dict[int, list[tuple[str, int]]] = {}
-        for seg, off in blocks:   # names are trireme-<owner pid>-<role>-<n>
-            by_owner.setdefault(int(seg.split("-")[1]), []).append((seg, off))
-        for owner, owned in by_owner.items():
+        for owner, owned in by_owner(blocks).items():
             self._send(m.ReleaseBlocks(owner, owned))
 

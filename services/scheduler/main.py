@@ -381,10 +381,7 @@ class Scheduler(WorkerSide):
 
     def _release_blocks(self, blocks: list[tuple[str, int]]) -> None:
         """Hand shared-memory blocks back to the workers that own them."""
-        by_owner: dict[int, list[tuple[str, int]]] = {}
-        for segment, offset in blocks:
-            by_owner.setdefault(int(segment.split("-")[1]), []).append((segment, offset))
-        for pid, owned in by_owner.items():
+        for pid, owned in shm.by_owner(blocks).items():
             inst = self._by_pid.get(pid)
             if inst is not None:
                 self._send_worker(inst.worker_id, m.ReleaseOutputs(owned))
