@@ -24,10 +24,11 @@ Suites (--only, comma separated; default simple_ensemble,infer_zero):
   infer_zero        L0_infer_zero: infer_zero_test.py (28 cases) with BACKENDS=onnx (the
                     libtorch models are not generated). Every case runs the onnx identity
                     models and then the simple/sequence/fan ensembles of nop models. The
-                    nop models are `backend: "identity"`, Triton's identity backend, which
-                    Trireme does not have: --nop-backend identity runs the repository as
-                    generated, python serves the nop models with a Python model that does
-                    what the identity backend does, both (default) runs it twice.
+                    nop models are `backend: "identity"`, Triton's identity backend:
+                    --nop-backend identity (default) runs the repository as generated, on
+                    Trireme's own identity backend (services/workers/backends/identity.py);
+                    python serves the nop models with a Python model that does the same
+                    (the stand-in used before Trireme had the backend); both runs it twice.
   backpressure      (not by default: about 5 minutes, 4 1/2 of them the max_inflight_requests
                     cases) L0_simple_ensemble's ensemble_backpressure_test.py sections
                     (max_queue_size in ensemble steps, a failed enqueue in a parallel step,
@@ -376,9 +377,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default=",".join(DEFAULT_SUITES),
                    help=f"comma-separated suites to run, of {', '.join(SUITES)} "
                         "(default: %(default)s)")
-    p.add_argument("--nop-backend", choices=("identity", "python", "both"), default="both",
-                   help="infer_zero: serve the nop_* models as generated (identity backend), "
-                        "with a Python stand-in, or both runs (default)")
+    p.add_argument("--nop-backend", choices=("identity", "python", "both"), default="identity",
+                   help="infer_zero: serve the nop_* models as generated, on Trireme's identity "
+                        "backend (default), with a Python stand-in, or both runs")
     p.add_argument("--startup-timeout", type=float, default=120.0,
                    help="seconds to wait for the server to be ready (util.sh SERVER_TIMEOUT)")
     p.add_argument("--test-timeout", type=float, default=600.0,

@@ -25,6 +25,7 @@ BACKENDS: dict[str, tuple[str, str]] = {
     "openvino": ("services.workers.backends.openvino", "openvino"),
     "tensorrt": ("services.workers.backends.tensorrt", "tensorrt"),
     "python": ("services.workers.python.backend", ""),
+    "identity": ("services.workers.backends.identity", ""),   # Triton's test backend
 }
 
 
