@@ -56,6 +56,8 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
                    help="explicit mode: keep the loaded models (and their load parameters) in "
                         "this file, and load them again when the scheduler restarts")
     p.add_argument("--log-verbose", type=int, default=0)
+    p.add_argument("--allow-client-shm", type=parse_bool, default=False,
+                   help="clients may register system shared-memory regions (Triton's flag)")
     p.add_argument("--rate-limit", choices=["off", "execution_count"], default="off",
                    help="execution_count: instances run only while their resources are free")
     p.add_argument("--rate-limit-resource", action="append", default=[], type=_resource,
@@ -102,6 +104,7 @@ def _scheduler_settings(args: argparse.Namespace, frontend_addr: str, worker_add
         unload_timeout_secs=args.model_unload_timeout_secs,
         local_workers=getattr(args, "local_workers", True),
         state_file=str(args.model_state_file or ""),
+        allow_client_shm=args.allow_client_shm,
         worker_args=(["--no-shm"] if getattr(args, "no_shm", False) else [])
         + ["--inline-threshold", str(args.inline_threshold)])
 

@@ -204,7 +204,8 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     """Decoupled (Triton's repeat example, simplified): one response per element of IN,
-    sent from a thread after execute returned, then the final flag alone."""
+    sent from a thread after execute returned, then the final flag alone. A negative
+    element is answered with an error response, and the stream goes on."""
 
     def initialize(self, args):
         self.threads = []
@@ -220,6 +221,10 @@ class TritonPythonModel:
 
     def respond(self, values, sender):
         for v in values:
+            if v < 0:
+                sender.send(pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(f"negative value {v}")))
+                continue
             sender.send(pb_utils.InferenceResponse(
                 [pb_utils.Tensor("OUT", np.array([v], dtype=np.int32))]))
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)

@@ -33,6 +33,9 @@ class Kind(enum.IntEnum):
     INFER_REQUESTS = 9
     CHECK_READY = 17               # (numbered after the scheduler -> frontend range)
     CANCEL = 18                    # (also scheduler -> worker, on its cancel connection)
+    SHM_REGISTER = 50              # (client shared memory: numbered after the host range)
+    SHM_UNREGISTER = 51
+    SHM_STATUS = 52
     # scheduler -> frontend (INFER_RESULT also worker -> frontend)
     INFER_RESULT = 10
     MODEL_INFO = 11
@@ -41,11 +44,13 @@ class Kind(enum.IntEnum):
     REPOSITORY_CHANGED = 14
     STATS = 15
     INFER_RESULTS = 16
+    SHM_REGIONS = 53
     # scheduler -> worker
     LOAD_MODEL = 20
     EXECUTE_BATCH = 21
     SHUTDOWN = 22
     PROBE_READY = 23
+    FORGET_REGIONS = 24
     # worker -> scheduler
     WORKER_READY = 30
     MODEL_LOADED = 31
@@ -81,6 +86,20 @@ class TensorRef(_Msg):
     frame: int = -1
     segment: str = ""
     offset: int = 0
+    # Client shared memory: ``region`` is the client's region name as the frontend got it
+    # (``offset`` then counts from the region's start); the scheduler resolves it into the
+    # object's ``key`` (``offset`` then counts from the object's start) and clears it.
+    region: str = ""
+    key: str = ""
+
+
+class OutputRegion(_Msg):
+    """A requested output the client wants written into its shared memory; resolved by
+    the scheduler like a TensorRef's region (``key`` set, ``offset`` into the object)."""
+    region: str
+    offset: int
+    nbytes: int
+    key: str = ""
 
 
 # ---------------------------------------------------------------- frontend -> scheduler
@@ -101,6 +120,7 @@ class InferRequest(_Msg):
     parameters: dict[str, Any] = {}
     batch_size: int = 1
     request_id: str = ""           # the client's "id" (a Python model reads it)
+    out_regions: dict[str, OutputRegion] = {}   # output name -> client shared memory
 
 
 class InferRequests(_Msg):
@@ -156,6 +176,30 @@ class CheckReady(_Msg):
     ctl_id: int
     model: str
     version: int = 0
+
+
+class ShmRegister(_Msg):
+    """Register a client shared-memory region (``kind`` "system" or "cuda")."""
+    ctl_id: int
+    kind: str
+    name: str
+    key: str = ""
+    offset: int = 0
+    byte_size: int = 0
+    device_id: int = 0
+    raw_handle: bytes = b""
+
+
+class ShmUnregister(_Msg):
+    ctl_id: int
+    kind: str
+    name: str = ""                 # "": every region of that kind
+
+
+class ShmStatus(_Msg):
+    ctl_id: int
+    kind: str
+    name: str = ""                 # "": every region of that kind
 
 
 class GetStats(_Msg):
@@ -261,6 +305,13 @@ class Stats(_Msg):
     error: ErrorRecord | None = None
 
 
+class ShmRegions(_Msg):
+    """ShmStatus's answer: the regions as Triton lists them (dicts of its JSON fields)."""
+    ctl_id: int
+    regions: list[dict[str, Any]] = []
+    error: ErrorRecord | None = None
+
+
 class ControlDone(_Msg):
     ctl_id: int
     error: ErrorRecord | None = None
@@ -296,11 +347,17 @@ class BatchItem(_Msg):
     order: int = 0
     request_id: str = ""
     shm: bool = True               # the frontend can map this worker's segments (outputs)
+    out_regions: dict[str, OutputRegion] = {}   # resolved: written there, not sent
 
 
 class ExecuteBatch(_Msg):
     batch_id: int
     items: list[BatchItem]
+
+
+class ForgetRegions(_Msg):
+    """Client shared-memory objects no longer registered: the worker unmaps them."""
+    keys: list[str]
 
 
 class ReleaseOutputs(_Msg):
@@ -443,6 +500,11 @@ _KIND_OF: dict[type[_Msg], Kind] = {
     GetStats: Kind.GET_STATS,
     CheckReady: Kind.CHECK_READY,
     Cancel: Kind.CANCEL,
+    ShmRegister: Kind.SHM_REGISTER,
+    ShmUnregister: Kind.SHM_UNREGISTER,
+    ShmStatus: Kind.SHM_STATUS,
+    ShmRegions: Kind.SHM_REGIONS,
+    ForgetRegions: Kind.FORGET_REGIONS,
     InferResult: Kind.INFER_RESULT,
     InferResults: Kind.INFER_RESULTS,
     ModelInfo: Kind.MODEL_INFO,

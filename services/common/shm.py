@@ -278,14 +278,14 @@ class SegmentMap:
         with self._lock:
             entry = self._maps.pop(segment, None)
         if entry is not None:
-            self._unmap(entry)
+            unmap(entry)
 
     def close(self) -> None:
         with self._lock:
             entries = list(self._maps.values())
             self._maps.clear()
         for entry in entries:
-            self._unmap(entry)
+            unmap(entry)
 
     def forget_owner(self, pid: int) -> None:
         """Unmap every segment of process ``pid`` (it exited; its names are unlinked)."""
@@ -321,14 +321,16 @@ class SegmentMap:
             self._maps[segment] = entry
             return entry
 
-    @staticmethod
-    def _unmap(entry: tuple[mmap.mmap, memoryview]) -> None:
-        mm, whole = entry
-        try:
-            whole.release()
-            mm.close()
-        except BufferError:
-            pass  # someone still reads a view; the mapping goes when it is collected
+
+def unmap(entry: tuple[mmap.mmap, memoryview]) -> None:
+    """Close a mapping and its whole-view; one still read through a view it handed out
+    goes when that view is collected."""
+    mm, whole = entry
+    try:
+        whole.release()
+        mm.close()
+    except BufferError:
+        pass
 
 
 def _pid_namespace() -> str:

@@ -31,6 +31,26 @@ class DataPlaneAPI(Protocol):
 
     async def statistics(self, model: str = "", version: str = "") -> list[ModelStat]: ...
 
+    # -- client shared memory (Triton's shared-memory extensions) --------------------------
+    # ``kind`` is "system" or "cuda". The registry lives in the scheduler, so every frontend
+    # sees every region; each raises TriremeError with Triton's text and code.
+    async def shm_status(self, kind: str, name: str = "") -> list[dict]:
+        """Registered regions of ``kind`` (all when ``name`` is ""), as Triton lists them:
+        system {"name", "key", "offset", "byte_size"}; cuda {"name", "device_id",
+        "byte_size"}. An unknown ``name`` raises NOT_FOUND."""
+        ...
+
+    async def shm_register(self, kind: str, name: str, key: str = "", offset: int = 0,
+                           byte_size: int = 0, device_id: int = 0,
+                           raw_handle: bytes = b"") -> None:
+        """system: ``key``, ``offset``, ``byte_size``; cuda: ``raw_handle`` (the decoded
+        cudaIpcMemHandle_t bytes), ``device_id``, ``byte_size``."""
+        ...
+
+    async def shm_unregister(self, kind: str, name: str = "") -> None:
+        """One region, or every region of ``kind`` when ``name`` is ""."""
+        ...
+
     # -- inference --------------------------------------------------------------------------
     async def infer(self, req: CoreRequest, endpoint: str = "HTTP end point") -> CoreResponse:
         """One request, one response (a decoupled model is refused, naming ``endpoint``)."""

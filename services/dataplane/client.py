@@ -29,10 +29,11 @@ from typing import Any
 
 from services.common import messages as m
 from services.common import transport
-from services.common.errors import Code, TriremeError, bad_version_string_text, invalid_arg
+from services.common.errors import Code, TriremeError, invalid_arg
 from services.common.shm import SHM_DIR, Arena, SegmentMap, ShmUnavailable, by_owner
 from services.common.shm import domain as shm_domain
 from services.common.states import ModelState
+from services.dataplane.control import ControlCalls, error_from
 from services.dataplane.outbox import Outbox
 from services.dataplane.settings import DataPlaneSettings
 from services.dataplane.types import CoreRequest, CoreResponse, OutputTensor
@@ -45,11 +46,21 @@ SCHEDULER_LOST_TEXT = ("the connection to the scheduler was lost; the request di
 SCHEDULER_DOWN_TEXT = "the scheduler is not reachable; the server is not ready"
 _ID_SHIFT = 40   # request ids: pid << 40 | a counter (pids are below 2**22: ids stay 62-bit)
 
-def _error(rec: m.ErrorRecord) -> TriremeError:
-    return TriremeError(rec.code, rec.message)
+def _region_ref(t: Any) -> m.TensorRef:
+    """An input in the client's shared memory: the region as named (the scheduler finds
+    it; the adapters checked the parameters' types)."""
+    p = t.parameters
+    return m.TensorRef(t.name, t.datatype, list(t.shape), p.get("shared_memory_byte_size", 0),
+                       offset=p.get("shared_memory_offset", 0),
+                       region=p["shared_memory_region"])
 
 
-class DataPlane(Outbox):
+def _output_region(p: dict[str, Any]) -> m.OutputRegion:
+    return m.OutputRegion(p["shared_memory_region"], p.get("shared_memory_offset", 0),
+                          p.get("shared_memory_byte_size", 0))
+
+
+class DataPlane(ControlCalls, Outbox):
     def __init__(self, settings: DataPlaneSettings) -> None:
         self.settings = settings
         self.pid = os.getpid()
@@ -164,7 +175,8 @@ class DataPlane(Outbox):
                     self._deliver_in_order(r, frames)
                 else:   # not ours (an earlier process's, or answered already): no order slot
                     self._drop(r, frames)
-        elif isinstance(msg, (m.ModelInfo, m.Index, m.ControlDone, m.Stats)):
+        elif isinstance(msg, (m.ModelInfo, m.Index, m.ControlDone, m.Stats,
+                              m.ShmRegions)):
             fut = self._pending.pop(msg.ctl_id, None)   # (_call put a Future there)
             if isinstance(fut, asyncio.Future) and not fut.done():
                 fut.set_result(msg)
@@ -260,7 +272,7 @@ class DataPlane(Outbox):
     async def _ready_info(self, model: str, version: str) -> tuple[m.ModelInfo, int]:
         info = await self._info(model)
         if info.error is not None:
-            raise _error(info.error)
+            raise error_from(info.error)
         return info, resolve_version(info, version)
 
     async def model_metadata(self, model: str, version: str) -> dict:
@@ -290,48 +302,6 @@ class DataPlane(Outbox):
             cfg = self._configs[model] = json.loads(info.config_json)
         return cfg
 
-    async def repository_index(self, ready_only: bool) -> list[dict]:
-        idx: m.Index = await self._call(m.GetIndex(next(self._ids), ready_only))
-        out = []
-        for e in idx.entries:
-            d = {"name": e.name}
-            for k in ("version", "state", "reason"):
-                if getattr(e, k):
-                    d[k] = getattr(e, k)
-            out.append(d)
-        return out
-
-    async def load_model(self, model: str, parameters: dict) -> None:
-        cfg = parameters.get("config", "")
-        if cfg and not isinstance(cfg, str):
-            raise invalid_arg("'config' parameter must be a string")
-        files = {k: bytes(v) for k, v in parameters.items() if k.startswith("file:")}
-        if files and not cfg:
-            raise invalid_arg("failed to load '" + model + "', failed to parse "
-                              "'file:' parameters: model configuration must be provided when "
-                              "model files are provided")
-        done = await self._call(m.LoadModelRequest(next(self._ids), model, cfg or "", files))
-        if done.error is not None:
-            raise _error(done.error)
-
-    async def unload_model(self, model: str, parameters: dict) -> None:
-        done = await self._call(m.UnloadModelRequest(
-            next(self._ids), model, bool(parameters.get("unload_dependents", False))))
-        if done.error is not None:
-            raise _error(done.error)
-
-    async def statistics(self, model: str = "", version: str = "") -> list[m.ModelStat]:
-        """Statistics extension: every ready version ("" model), a model, or one version."""
-        try:
-            v = int(version) if version else -1
-        except ValueError:
-            raise invalid_arg(bad_version_string_text(version, "stoll")) from None
-        reply: m.Stats = await self._call(m.GetStats(next(self._ids), model, max(v, -1)))
-        if reply.error is not None:
-            raise _error(reply.error)
-        return reply.stats
-
-    # ------------------------------------------------------------------ inference
     async def infer(self, req: CoreRequest, endpoint: str = "HTTP end point") -> CoreResponse:
         """One request, one response. ``endpoint`` names the caller in the error a decoupled
         model gives (Triton's text: such models answer over a stream only)."""
@@ -377,6 +347,10 @@ class DataPlane(Outbox):
             while not final:
                 result, rframes = await queue.get()
                 final = result.final
+                if result.error is not None and not final:
+                    yield CoreResponse(req.model, str(version), req.id, final=False,
+                                       error=error_from(result.error))
+                    continue
                 resp = self._response(req, version, result, rframes)
                 resp.final, resp.empty = final, result.empty
                 yield resp
@@ -404,9 +378,9 @@ class DataPlane(Outbox):
         blocks: list[Any] = []
         try:
             for t in req.inputs:
-                if t.data is None:
-                    region = t.parameters.get("shared_memory_region", "")
-                    raise invalid_arg(f"Unable to find system shared memory region: '{region}'")
+                if t.data is None:   # in the client's shared memory: the scheduler resolves it
+                    refs.append(_region_ref(t))
+                    continue
                 nbytes = len(t.data) if not isinstance(t.data, memoryview) else t.data.nbytes
                 ref = m.TensorRef(t.name, t.datatype, list(t.shape), nbytes)
                 if nbytes >= self.settings.inline_threshold and self._shm_ok and info.shm:
@@ -427,20 +401,27 @@ class DataPlane(Outbox):
             self._free_inputs(blocks)
             raise
         req_id = next(self._ids)
-        outputs = [o.name for o in req.outputs] if req.outputs else []
+        outputs, regions = [], {}
+        if req.outputs:
+            for o in req.outputs:
+                outputs.append(o.name)
+                if "shared_memory_region" in o.parameters:
+                    regions[o.name] = _output_region(o.parameters)
         self._pending[req_id] = waiter
         self._submit(m.InferRequest(req_id, self.result_addr, req.model, version, refs, outputs,
-                                    req.parameters, batch_size, req.id), frames)
+                                    req.parameters, batch_size, req.id, regions), frames)
         return req_id, blocks
 
     def _response(self, req: CoreRequest, version: int, result: m.InferResult,
                   rframes: list[Any]) -> CoreResponse:
         if result.error is not None:
-            raise _error(result.error)
+            raise error_from(result.error)
         resp = CoreResponse(req.model, str(version), req.id, parameters=result.parameters, keep=rframes)
         for ref in result.outputs:
             if ref.frame >= 0:
                 data = rframes[ref.frame]
+            elif ref.key:    # written into the client's shared memory: no bytes to send
+                data = b""
             else:
                 data = self._segments.view(ref.segment, ref.offset, ref.nbytes)
                 resp.blocks.append((ref.segment, ref.offset))

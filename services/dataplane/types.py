@@ -57,3 +57,6 @@ class CoreResponse:
     keep: Any = None                    # keeps received frames alive while data views them
     final: bool = True                  # decoupled streams: the request's last response
     empty: bool = False                 # a final flag that carries no response
+    # A decoupled model's error response that is not its last (a TriremeError): the stream
+    # goes on, as Triton's does (infer_stream only; a final error is raised).
+    error: Any = None

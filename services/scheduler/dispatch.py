@@ -225,7 +225,8 @@ class VersionQueue:
                               if t.frame >= 0 else t for t in inputs]
             items.append(m.BatchItem(r.reply_to, r.req_id, inputs, r.outputs, r.parameters,
                                      r.batch_size, p.stream, p.order, r.request_id,
-                                     bool(p.shm_domain) and p.shm_domain == inst.shm_domain))
+                                     bool(p.shm_domain) and p.shm_domain == inst.shm_domain,
+                                     r.out_regions))
         inst.inflight[batch_id] = batch
         self.send_batch(inst, m.ExecuteBatch(batch_id, items), frames)
 

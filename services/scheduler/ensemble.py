@@ -155,15 +155,19 @@ class EnsembleQueue:
         for step_input, name in step.input_map.items():
             ref, data = branch.tensors[name]
             new = m.TensorRef(step_input, ref.datatype, ref.shape, ref.nbytes,
-                              segment=ref.segment, offset=ref.offset)
-            if not ref.segment:
+                              segment=ref.segment, offset=ref.offset, key=ref.key)
+            if not ref.segment and not ref.key:
                 new.frame = len(frames)
                 frames.append(data)
             inputs.append(new)
         r = run.p.req
+        # An ensemble output the client wants in its shared memory is written there by the
+        # step that makes it (later steps read it from there, by reference too).
+        regions = {out: r.out_regions[name] for out, name in step.output_map.items()
+                   if name in r.out_regions} if r.out_regions else {}
         step_req = m.InferRequest(req_id, "", step.model_name, max(int(step.model_version), 0),
                                   inputs, list(step.output_map), r.parameters, r.batch_size,
-                                  r.request_id)
+                                  r.request_id, regions)
         self.runs[req_id] = (run, branch, i)
         self.submit(self, step_req, frames, run.p.shm_domain)
 
@@ -261,10 +265,10 @@ class EnsembleQueue:
                 continue
             ref, data = branch.tensors[name]
             out = m.TensorRef(name, ref.datatype, ref.shape, ref.nbytes,
-                              segment=ref.segment, offset=ref.offset)
+                              segment=ref.segment, offset=ref.offset, key=ref.key)
             if ref.segment:
                 sent.add((ref.segment, ref.offset))
-            else:
+            elif not ref.key:
                 out.frame = len(frames)
                 frames.append(data)
             outputs.append(out)

@@ -44,6 +44,7 @@ from services.scheduler.lifecycle import ModelManager
 from services.scheduler.metrics import Metrics, cluster_families
 from services.scheduler.rate_limiter import RateLimiter
 from services.scheduler.sequence import SequenceConfig, SequenceQueue
+from services.scheduler.shm_regions import Registry
 from services.scheduler.state import LoadedModels
 from services.scheduler.stats import StatsRegistry
 from services.scheduler.worker_side import WorkerSide
@@ -87,6 +88,8 @@ class SchedulerSettings:
     """Spawn workers here (`trireme serve`); False: only on worker hosts that connect."""
     state_file: str = ""
     """--model-state-file: the models loaded in explicit mode, kept across restarts."""
+    allow_client_shm: bool = False
+    """--allow-client-shm: clients may register shared-memory regions (shm_regions.py)."""
 
 
 class Scheduler(WorkerSide):
@@ -103,6 +106,7 @@ class Scheduler(WorkerSide):
                            lambda identity, msg: self.wsock.send(identity, m.encode(msg)),
                            settings.worker_args)
         self.stats = StatsRegistry()
+        self.regions = Registry(settings.allow_client_shm)
         self.custom_metrics: dict[str, list] = {}   # worker id -> its model's custom families
         self.metrics = Metrics(self.stats, self._ready_versions,
                                lambda: list(self.custom_metrics.values()), self._cluster_metrics)
@@ -243,6 +247,12 @@ class Scheduler(WorkerSide):
             asyncio.get_running_loop().create_task(self._control(identity, msg))
         elif isinstance(msg, m.Cancel):
             self._cancel(identity, msg)
+        elif isinstance(msg, (m.ShmRegister, m.ShmUnregister, m.ShmStatus)):
+            reply, forget = self.regions.answer(msg)
+            if forget:   # sent after every batch that may use them, on the same connections
+                for worker_id in list(self._workers):
+                    self._send_worker(worker_id, m.ForgetRegions(forget))
+            self._send_frontend(identity, reply)
         elif isinstance(msg, m.FrontendHello):
             self.frontends.add(identity)
             self._frontend_domains[identity] = msg.shm_domain
@@ -313,6 +323,12 @@ class Scheduler(WorkerSide):
                 self._fail_req(identity, req, Code.UNAVAILABLE, not_ready_text(req.model, v))
             return
         req.version = vs.version
+        if req.out_regions or any(t.region for t in req.inputs):
+            try:
+                self.regions.resolve(req)
+            except TriremeError as e:
+                self._fail_req(identity, req, e.code, e.message)
+                return
         p = Pending(identity, req, frames, time.monotonic_ns(), stats=vs.queue.stats,
                     shm_domain=self._frontend_domains.get(identity, "")
                     if shm_domain is None else shm_domain)

@@ -26,6 +26,7 @@ import numpy as np
 
 from services.common import messages as m
 from services.common import shm, transport
+from services.common.client_shm import RegionMap, output_too_small
 from services.common.datatypes import (
     datatype_of,
     deserialize_bytes_tensor,
@@ -58,6 +59,7 @@ class Worker(ResultSender):
         self.lent: dict[tuple[str, int], str] = {}
         self.orphans: dict[tuple[str, int], float] = {}
         self.segments = SegmentMap()
+        self.regions = RegionMap()   # client shared memory (read in place, outputs written there)
         self.arena = Arena("out") if use_shm else None
         self.shm_ok = self.arena is not None
         self.domain = shm.domain() if self.arena is not None else ""
@@ -98,6 +100,8 @@ class Worker(ResultSender):
                 self.execute(msg, frames)
             elif isinstance(msg, m.ReleaseOutputs):
                 self.release(msg.blocks)
+            elif isinstance(msg, m.ForgetRegions):
+                self.regions.forget(msg.keys)
             elif isinstance(msg, m.ProbeReady):
                 self.probe(msg)
             elif isinstance(msg, m.LoadModel):
@@ -115,6 +119,7 @@ class Worker(ResultSender):
             s.close()
         self.sock.close()
         self.segments.close()
+        self.regions.close()
         if self.arena is not None:
             self.arena.close()
 
@@ -164,6 +169,8 @@ class Worker(ResultSender):
     def _array(self, ref: m.TensorRef, frames: list[Any]) -> np.ndarray:
         if ref.frame >= 0:
             buf = frames[ref.frame]
+        elif ref.key:
+            buf = self.regions.view(ref.key, ref.offset, ref.nbytes)
         else:
             buf = self.segments.view(ref.segment, ref.offset, ref.nbytes)
         if ref.datatype == "BYTES":
@@ -310,12 +317,24 @@ class Worker(ResultSender):
         if self.backend.reshape is not None:   # config reshape: clients see dims
             outputs = self.backend.reshape.outputs_for_client(outputs)
         wire = [(name, list(arr.shape), *_to_wire(arr)) for name, arr in outputs]
+        dest: dict[str, memoryview] = {}
+        if item.out_regions:   # each region mapped and big enough, or this request fails alone
+            try:
+                dest = self._output_regions(item.out_regions, wire)
+            except TriremeError as e:
+                self._add_error(replies, item, e, final)
+                return
         results, frames = replies.setdefault(item.reply_to, ([], []))
         refs: list[m.TensorRef] = []
         for name, shape, datatype, data in wire:
             nbytes = len(data)
             ref = m.TensorRef(name, datatype, shape, nbytes)
-            if nbytes >= self.inline_threshold and self.shm_ok and item.shm:
+            view = dest.get(name) if dest else None
+            if view is not None:   # the client's memory: written there, not sent
+                view[:] = data
+                region = item.out_regions[name]
+                ref.key, ref.offset = region.key, region.offset
+            elif nbytes >= self.inline_threshold and self.shm_ok and item.shm:
                 try:
                     with self.lock:
                         block = self.arena.alloc(nbytes)
@@ -324,7 +343,7 @@ class Worker(ResultSender):
                 except ShmUnavailable as e:
                     log.warning("output arena unavailable, sending inline: %s", e)
                     self.shm_ok = False   # keep the arena: blocks in use still get released
-            if not ref.segment:
+            if not ref.segment and not ref.key:
                 ref.frame = len(frames)
                 frames.append(data)
             refs.append(ref)
@@ -333,6 +352,18 @@ class Worker(ResultSender):
         results.append(m.InferResult(item.req_id, outputs=refs, stream=stream, order=order,
                                      final=final, empty=empty))
 
+
+    def _output_regions(self, regions: dict[str, m.OutputRegion], wire: list
+                        ) -> dict[str, memoryview]:
+        """Where each output the client wants in its shared memory goes (exactly its bytes)."""
+        dest = {}
+        for name, _, _, data in wire:
+            r = regions.get(name)
+            if r is not None:
+                if len(data) > r.nbytes:
+                    raise output_too_small(name, r.nbytes, len(data))
+                dest[name] = self.regions.view(r.key, r.offset, len(data))
+        return dest
 
 
 def _count(shape: list[int]) -> int:

@@ -130,6 +130,25 @@ def test_decoupled_over_grpc_stream(server):
     assert {r.get_response().id for r, _ in seen} == {"r1"}
 
 
+def test_decoupled_error_response_does_not_end_the_stream(server):
+    """A decoupled model's error response that is not its last reaches the client as a
+    stream error naming the request, and its later responses still come (Triton's)."""
+    got: queue.Queue = queue.Queue()
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    c.start_stream(callback=lambda result, error: got.put((result, error)))
+    try:
+        c.async_stream_infer("repeat", [_inp("IN", np.array([7, -1, 9], np.int32), grpcclient)],
+                             request_id="r2")
+        seen = [got.get(timeout=30) for _ in range(3)]
+    finally:
+        c.stop_stream()
+        c.close()
+    assert seen[0][0].as_numpy("OUT").tolist() == [7]
+    assert seen[1][0] is None and "negative value -1" in str(seen[1][1])
+    assert seen[2][0].as_numpy("OUT").tolist() == [9]
+    assert got.empty()
+
+
 def test_decoupled_refused_outside_a_stream(server, client):
     x = np.array([1], np.int32)
     with pytest.raises(InferenceServerException) as e:

@@ -28,6 +28,7 @@ from services.common.errors import REPOSITORY_NAME_UNSUPPORTED, Code, TriremeErr
 from services.dataplane.api import DataPlaneAPI
 from services.frontend import stats_codec, tls
 from services.frontend.grpc import codec
+from services.frontend.grpc.shm_methods import SharedMemoryRpcs
 from services.frontend.restricted import GRPC_METHOD_GROUPS, Restriction, grpc_refusal_text
 from services.frontend.settings import FrontendSettings
 
@@ -97,8 +98,9 @@ def _identity(data: bytes) -> bytes:
     return data
 
 
-class GrpcService:
-    """One coroutine per RPC of inference.GRPCInferenceService, over the data plane `dp`."""
+class GrpcService(SharedMemoryRpcs):
+    """One coroutine per RPC of inference.GRPCInferenceService, over the data plane `dp`
+    (the shared-memory RPCs: grpc/shm_methods.py)."""
 
     def __init__(self, dp: DataPlaneAPI, settings: FrontendSettings) -> None:
         self._dp = dp
@@ -188,6 +190,9 @@ class GrpcService:
             want_empty = bool(core.parameters.pop("triton_enable_empty_final_response", False))
             async for resp in self._dp.infer_stream(core, sent.set):
                 try:
+                    if resp.error is not None:   # not the last: the request goes on
+                        out.put_nowait(codec.encode_stream_error(resp.error.message, core.id))
+                        continue
                     if resp.empty and not want_empty:
                         continue
                     # Triton marks every stream response (stream_infer_handler.cc), the

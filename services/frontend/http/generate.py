@@ -337,7 +337,7 @@ class Generate:
         turned: list[bool] = []
         asyncio.get_running_loop().call_soon(turned.append, True)
         try:
-            return stream, await anext(stream)
+            return stream, _item(await anext(stream))
         except StopAsyncIteration:
             return stream, None
         except TriremeError as e:
@@ -411,11 +411,17 @@ _ITEM_ERROR = 400
 
 async def _next(stream: AsyncIterator[CoreResponse]) -> Item:
     try:
-        return await anext(stream)
+        return _item(await anext(stream))
     except StopAsyncIteration:
         return None
     except TriremeError as e:
         return e
+
+
+def _item(resp: CoreResponse) -> Item:
+    """A response, or the error of one (a decoupled model's error that is not its last
+    ends the generate stream too: an SSE error event is the stream's end)."""
+    return resp if resp.error is None else resp.error
 
 
 async def _aclose(stream: AsyncIterator[CoreResponse]) -> None:

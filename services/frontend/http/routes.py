@@ -31,6 +31,7 @@ from services.frontend import stats_codec, tls
 from services.frontend.http import codec, json_body
 from services.frontend.http.generate import Generate
 from services.frontend.http.message import BodyError, BodyTooLarge, Reply
+from services.frontend.http.shm_routes import SHM_PREFIXES, SHM_RE, SharedMemoryRoutes
 from services.frontend.restricted import Restriction, http_group, http_refusal_text
 from services.frontend.settings import FrontendSettings
 
@@ -60,8 +61,8 @@ _BINARY = "application/octet-stream"
 _HEADER_LENGTH = "Inference-Header-Content-Length"
 
 # Triton's routing regexes (FullMatch); "/v2/models/stats" is an exact path, matched first.
-# Kinds without a handler yet answer 404: model trace/setting,
-# /v2/logging, /v2/trace/setting, /v2/systemsharedmemory/..., /v2/cudasharedmemory/...
+# Kinds without a handler yet answer 404: model trace/setting, /v2/logging,
+# /v2/trace/setting. The shared-memory paths: http/shm_routes.py (SHM_RE).
 _MODEL_RE = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?"
                        r"(?:/(infer|generate|generate_stream|ready|config|stats|trace/setting))?")
 _REPOSITORY_RE = re.compile(r"/v2/repository(?:/([^/]+))?/(index|models/([^/]+)/(load|unload))")
@@ -120,6 +121,7 @@ class Handlers:
             "generate_stream": self.generate_stream,
         }
         self._generate = Generate(dp, self._body)
+        self._shm = SharedMemoryRoutes(dp, self.limit)
         restricted = settings.restricted.http
         if restricted:
             # group -> (header, value, the 403 Triton answers without them), built once
@@ -163,6 +165,10 @@ class Handlers:
                 if m is not None:
                     return await self.repository(request, m.group(1), m.group(3),
                                                  m.group(4))
+            elif path.startswith(SHM_PREFIXES):
+                m = SHM_RE.fullmatch(path)
+                if m is not None:
+                    return await self._shm.handle(request, m.group(1), m.group(2), m.group(3))
             return _NOT_FOUND
         except TriremeError as e:
             return _error_reply(http_status(e.code), e.message)
