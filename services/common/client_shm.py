@@ -84,40 +84,46 @@ class RegionMap:
     """Client shared-memory objects a worker has mapped, by key, read-write. A mapping is
     kept until the scheduler says its region was unregistered (forget), so a region used
     by every request is mapped once; the whole object is mapped and refs carry offsets
-    into it."""
+    into it. The object's descriptor stays open: every use checks its size first, so a
+    client that shrinks its object under a registered region gets an error, never a
+    SIGBUS in the worker."""
 
     def __init__(self) -> None:
-        self._maps: dict[str, tuple[mmap.mmap, memoryview]] = {}
+        self._maps: dict[str, tuple[mmap.mmap, memoryview, int]] = {}
         self._lock = threading.Lock()
 
     def view(self, key: str, offset: int, nbytes: int) -> memoryview:
+        end = offset + nbytes
         entry = self._maps.get(key)
-        if entry is None or offset + nbytes > len(entry[1]):
-            entry = self._attach(key, offset + nbytes)
-        return entry[1][offset:offset + nbytes]
+        if entry is None or end > len(entry[1]):
+            entry = self._attach(key)
+        size = os.fstat(entry[2]).st_size
+        if end > size or end > len(entry[1]):
+            raise invalid_arg(f"shared memory region '{key}' holds {size} bytes, fewer than "
+                              f"the {end} its registration promised")
+        return entry[1][offset:end]
 
-    def _attach(self, key: str, needed: int) -> tuple[mmap.mmap, memoryview]:
+    def _attach(self, key: str) -> tuple[mmap.mmap, memoryview, int]:
         with self._lock:
             old = self._maps.pop(key, None)
             if old is not None:
-                unmap(old)
+                _close(old)
             fd = _open(key, os.O_RDWR)
             try:
                 size = os.fstat(fd).st_size
-                if size < needed:     # shrunk since it was registered: reading would SIGBUS
-                    raise TriremeError(Code.INTERNAL, f"shared memory region '{key}' is "
-                                       f"smaller ({size} bytes) than its registration says")
-                mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-            finally:
+                mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) \
+                    if size else mmap.mmap(-1, 1)
+            except BaseException:
                 os.close(fd)
-            entry = self._maps[key] = (mm, memoryview(mm))
+                raise
+            entry = self._maps[key] = (mm, memoryview(mm)[:size], fd)
             return entry
 
     def forget(self, keys: list[str]) -> None:
         with self._lock:
             entries = [e for e in (self._maps.pop(k, None) for k in keys) if e is not None]
         for e in entries:
-            unmap(e)
+            _close(e)
 
     def close(self) -> None:
         self.forget(list(self._maps))
@@ -125,3 +131,8 @@ class RegionMap:
     def __len__(self) -> int:
         return len(self._maps)
 
+
+def _close(entry: tuple[mmap.mmap, memoryview, int]) -> None:
+    mm, whole, fd = entry
+    os.close(fd)
+    unmap((mm, whole))

@@ -120,6 +120,6 @@ def test_region_map_reads_writes_and_forgets(key):
     del v
     regions.forget([key])
     assert len(regions) == 0
-    with pytest.raises(TriremeError, match="smaller"):
+    with pytest.raises(TriremeError, match="fewer than the"):
         regions.view(key, 4 * PAGE, 1)
     regions.close()
