@@ -93,6 +93,12 @@ def not_ready_text(model: str, version: int | str) -> str:
     return f"'{model}' version {version} is not at ready state"
 
 
+def poll_failed_text(model: str) -> str:
+    """A load request the repository cannot satisfy: no such model, or a config override
+    that does not parse (Triton's text; Triton answers it INTERNAL, we INVALID_ARG)."""
+    return f"failed to load '{model}', failed to poll from model repository"
+
+
 def load_failed_text(model: str, version: int | str, why: object) -> str:
     return f"failed to load '{model}' version {version}: {why}"
 

@@ -80,9 +80,9 @@ def resolve_version(info: ModelInfo, version: str) -> int:
         raise TriremeError(info.error.code, info.error.message)
     if not version:
         ready = [v for v, state in info.versions.items() if state == _READY]
-        if not ready:
-            raise TriremeError(
-                Code.NOT_FOUND, f"Request for unknown model: '{name}' has no available versions")
+        if not ready:   # Triton: never loaded (explicit mode) is "not found"
+            raise TriremeError(Code.NOT_FOUND, f"Request for unknown model: '{name}' " + (
+                "has no available versions" if info.versions else "is not found"))
         return max(ready)
     m = _STOL.match(version)
     v = int(m.group(1)) if m else None
@@ -159,8 +159,11 @@ def validate_infer(info: ModelInfo, req: CoreRequest) -> int:
         _raise_duplicate(req, inputs, "input")
     if req.outputs:
         out_names = {o.name for o in req.outputs}
-        if len(out_names) != len(req.outputs):
-            _raise_duplicate(req, req.outputs, "output")
+        if len(out_names) != len(req.outputs):   # Triton keeps the first, answers it once
+            once: dict = {}
+            for o in req.outputs:
+                once.setdefault(o.name, o)
+            req.outputs = list(once.values())
         # 2. Requested outputs (Triton walks a std::set: sorted order).
         known_outputs = {s.name for s in info.outputs}
         if not out_names <= known_outputs:

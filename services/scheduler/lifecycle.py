@@ -30,7 +30,14 @@ from protos import model_config_pb2 as mc
 from services.common import config as cfgmod
 from services.common import messages as m
 from services.common import repository as repo
-from services.common.errors import Code, TriremeError, invalid_arg, not_ready_text, unknown_model
+from services.common.errors import (
+    Code,
+    TriremeError,
+    invalid_arg,
+    not_ready_text,
+    poll_failed_text,
+    unknown_model,
+)
 from services.scheduler.dispatch import Instance
 from services.scheduler.ensemble_config import (
     is_decoupled,
@@ -140,7 +147,7 @@ class ModelManager(InstanceRecovery):
         src = self.scan().get(name)
         old = self.models.get(name)
         if old is None or src is None:
-            raise invalid_arg(f"failed to load '{name}', failed to poll from model repository")
+            raise invalid_arg(poll_failed_text(name))
         # (old.path is the override dir when the model was last loaded from "file:" parameters)
         model_dir = src.path                # new.path, as a Path that is never None
         new = ModelEntry(name, model_dir, fingerprint=repo.fingerprint(src.path))

@@ -30,7 +30,9 @@ from services.common.errors import (
     CANCELLED_TEXT,
     Code,
     TriremeError,
+    invalid_arg,
     not_ready_text,
+    poll_failed_text,
     still_loading,
     unknown_model,
 )
@@ -473,7 +475,11 @@ class Scheduler(WorkerSide):
                 override = None
                 if msg.config_json:
                     from services.common.config import config_from_json
-                    override = config_from_json(msg.config_json)
+                    try:
+                        override = config_from_json(msg.config_json)
+                    except TriremeError as e:   # Triton's words; why goes to the log
+                        log.warning("load of '%s': %s", msg.model, e.message)
+                        raise invalid_arg(poll_failed_text(msg.model)) from None
                 await self.models.load(msg.model, override, msg.files)
                 self.loaded_models.loaded(msg.model, msg.config_json, msg.files)
             else:

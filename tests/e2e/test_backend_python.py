@@ -92,7 +92,7 @@ def test_bls_unknown_model_raises_in_the_model(client):
         client.infer("bls", [_inp("MODEL_NAME", name), _inp("INPUT0", A), _inp("INPUT1", B)])
     assert e.value.status() == "500"
     assert e.value.message().startswith(
-        "Failed to process the request(s) for model instance 'bls_0_0', message: "
+        "Failed to process the request(s) for model 'bls_0_0', message: "
         "TritonModelException: Failed for execute the inference request. "
         "Model 'undefined_model' is not ready.\n\nAt:\n")
     assert re.search(r"/models/bls/1/model\.py\(\d+\): execute\n$", e.value.message())
@@ -171,7 +171,7 @@ def test_model_errors_fail_their_request_only(client):
         client.infer("raiser", [_inp("X", np.array([-1], np.int32))])
     assert e.value.status() == "500"
     assert e.value.message().startswith(
-        "Failed to process the request(s) for model instance 'raiser_0_0', message: "
+        "Failed to process the request(s) for model 'raiser_0_0', message: "
         "ValueError: negative input\n\nAt:\n")
     with pytest.raises(InferenceServerException) as e:
         client.infer("raiser", [_inp("X", np.array([100], np.int32))])

@@ -168,7 +168,7 @@ def test_a_failing_step_fails_the_request_naming_the_ensemble(server):
     with pytest.raises(InferenceServerException) as e:
         _infer(httpclient, server.http_url, "failing", {"IN": np.array([[-1.0]], np.float32)})
     assert e.value.message().startswith("in ensemble 'failing', Failed to process the request(s) "
-                                        "for model instance 'raiser_0_0', message: ")
+                                        "for model 'raiser_0_0', message: ")
     assert "negative input" in e.value.message()
     with pytest.raises(InferenceServerException) as e:
         _infer(grpcclient, server.grpc_url, "failing", {"IN": np.array([[100.0]], np.float32)})

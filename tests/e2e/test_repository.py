@@ -295,6 +295,7 @@ def test_explicit_mode(explicit_server):
         assert http.is_model_ready("add_sub") and not http.is_model_ready("other")
         e = http_error(identity_infer, http)
         assert e.status() == "404"
+        assert e.message() == "Request for unknown model: 'other' is not found"   # never loaded
         assert http.get_model_repository_index() == [
             {"name": "add_sub", "version": "1", "state": "READY"}, {"name": "other"}]
 
@@ -339,10 +340,16 @@ def test_explicit_mode(explicit_server):
         assert grpc.is_model_ready("other")
         identity_infer(grpc)
 
-        # a model that is not in the repository
+        # a model that is not in the repository; a config override that does not parse
+        # (Triton's simple_http_model_control sends both): Triton's text, 400 not its 500
         e = http_error(http.load_model, "nope")
         assert e.status() == "400"
         assert e.message() == "failed to load 'nope', failed to poll from model repository"
+        e = http_error(http.load_model, "add_sub",
+                       config='"parameters": {"config": {{"max_batch_size": "16"}}}')
+        assert e.status() == "400"
+        assert e.message() == "failed to load 'add_sub', failed to poll from model repository"
+        assert http.is_model_ready("add_sub")     # the loaded version keeps serving
     finally:
         http.close()
         grpc.close()

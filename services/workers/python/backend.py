@@ -244,7 +244,7 @@ class PythonBackend(BackendBase):
             raise
         except BaseException as e:  # noqa: BLE001 - the model's code: any error is the requests'
             err = TriremeError(Code.INTERNAL, f"Failed to process the request(s) for model "
-                               f"instance '{self.instance}', message: {_format_exception(e)}")
+                               f"'{self.instance}', message: {_format_exception(e)}")
             return [err if not r.get_response_sender()._closed else None for r in requests]
         if result is None:
             if not self.decoupled and not all(r.get_response_sender()._closed for r in requests):
@@ -270,7 +270,7 @@ class PythonBackend(BackendBase):
         e = future.exception()
         if e is None:
             return
-        err = TriremeError(Code.INTERNAL, f"Failed to process the request(s) for model instance "
+        err = TriremeError(Code.INTERNAL, f"Failed to process the request(s) for model "
                            f"'{self.instance}', message: {_format_exception(e)}")
         for i, r in enumerate(requests):
             if not r.get_response_sender()._closed:

@@ -117,9 +117,12 @@ def test_duplicate_input():
     assert fails(batching(), r) == "[request id: r7] input 'INPUT0' already exists in request"
 
 
-def test_duplicate_output():
-    r = req(i32("INPUT0", [1, 16]), i32("INPUT1", [1, 16]), outputs=["OUTPUT0", "OUTPUT0"])
-    assert fails(batching(), r) == RID + "output 'OUTPUT0' already exists in request"
+def test_duplicate_output_is_answered_once():
+    """Triton accepts a requested output named twice and answers it once (the first)."""
+    r = req(i32("INPUT0", [1, 16]), i32("INPUT1", [1, 16]),
+            outputs=["OUTPUT0", "OUTPUT1", "OUTPUT0"])
+    assert validate_infer(batching(), r) == 1
+    assert [o.name for o in r.outputs] == ["OUTPUT0", "OUTPUT1"]
 
 
 def test_unknown_output_checked_before_inputs():
@@ -282,6 +285,10 @@ def test_default_version_is_highest_ready():
 def test_no_ready_version():
     assert v_fails(vinfo(v2="UNAVAILABLE"), "", Code.NOT_FOUND) == (
         "Request for unknown model: 'simple' has no available versions")
+
+
+def test_never_loaded_model_is_not_found():
+    assert v_fails(vinfo(), "", Code.NOT_FOUND) == "Request for unknown model: 'simple' is not found"
 
 
 def test_unknown_version():
