@@ -171,6 +171,10 @@ def validate_infer(info: ModelInfo, req: CoreRequest) -> int:
                 if name not in known_outputs:
                     raise invalid_arg(f"unexpected inference output '{name}' for model '{model}'")
 
+    # From here Triton walks its inputs in a std::unordered_map, which (libstdc++, a few
+    # entries) yields the last one added first: its errors name inputs in that order.
+    inputs = inputs[::-1] if len(inputs) > 1 else inputs
+
     # 3. Input count (ValidateRequestInputs).
     n, n_cfg = len(inputs), len(info.inputs)
     if n > n_cfg or n < n_required:

@@ -223,7 +223,7 @@ def test_batch_inputs_are_not_client_inputs(server, client_mod):
 
         assert send(("INPUT", arr, "FP32"), ("INDEX", index, "INT32")) == (
             "[request id: <id_unknown>] expected 1 inputs but got 2 inputs for model "
-            "'ragged_sum'. Got input(s) ['INPUT','INDEX'], but missing required input(s) ]. "
+            "'ragged_sum'. Got input(s) ['INDEX','INPUT'], but missing required input(s) ]. "
             "Please provide all required input(s).")
         assert send(("INDEX", index, "INT32")) == \
             "unexpected inference input 'INDEX' for model 'ragged_sum'"

@@ -144,10 +144,11 @@ def test_no_inputs():
 
 
 def test_too_many_inputs_reproduces_triton_rendering():
+    """Names in the order Triton 2.51 lists them (its unordered_map: the last added first)."""
     r = req(i32("INPUT0", [1, 16]), i32("INPUT1", [1, 16]), i32("EXTRA", [1, 16]))
     assert fails(batching(), r) == (
         RID + "expected 2 inputs but got 3 inputs for model 'simple'. Got input(s) "
-        "['INPUT0','INPUT1','EXTRA'], but missing required input(s) ]. Please provide all "
+        "['EXTRA','INPUT1','INPUT0'], but missing required input(s) ]. Please provide all "
         "required input(s).")
 
 
@@ -160,7 +161,7 @@ def test_missing_required_with_optional_inputs():
               "all required input(s).")
     assert fails(info, req()) == expect.format(0, "[]")
     # Count is within range but the required input was swapped for optional ones.
-    assert fails(info, req(i32("B", [1, 2]), i32("C", [1, 2]))) == expect.format(2, "['B','C']")
+    assert fails(info, req(i32("B", [1, 2]), i32("C", [1, 2]))) == expect.format(2, "['C','B']")
 
 
 def test_unexpected_input():
@@ -180,7 +181,7 @@ def test_no_shape_on_batching_model():
 def test_batch_size_mismatch():
     r = req(i32("INPUT0", [2, 16]), i32("INPUT1", [3, 16]))
     assert fails(batching(), r) == (
-        RID + "input 'INPUT1' batch size does not match other inputs for 'simple'")
+        RID + "input 'INPUT0' batch size does not match other inputs for 'simple'")
 
 
 def test_batch_size_too_large_and_negative():
@@ -215,7 +216,7 @@ def test_shape_mismatch_batching_has_note():
         "[1,8]. " + NOTE)
     r = req(i32("INPUT0", [4]), i32("INPUT1", [4]))  # rank: batch dim forgotten
     assert fails(batching(), r).startswith(
-        RID + "unexpected shape for input 'INPUT0' for model 'simple'. Expected [-1,16], got [4]. ")
+        RID + "unexpected shape for input 'INPUT1' for model 'simple'. Expected [-1,16], got [4]. ")
     # As in Triton, a forgotten batch dim larger than max_batch_size hits the batch check first.
     r = req(i32("INPUT0", [16]), i32("INPUT1", [16]))
     assert fails(batching(), r) == RID + "inference request batch-size must be <= 8 for 'simple'"
