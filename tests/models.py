@@ -226,3 +226,17 @@ def sum_diff_prod(model_dir: Path, size: int = 4) -> None:
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, dims) for n in ("A", "B")],
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, dims) for n in ("SUM", "DIFF", "PROD")])
     _save(g, model_dir / "1" / "model.onnx")
+
+
+def add_with_initializer(model_dir: Path) -> None:
+    """Triton's qa/L0_initializer_as_input model: OUTPUT = INPUT + INITIALIZER, FP32 [5, 5],
+    where INITIALIZER is both a graph input and an initializer of ones (a request may
+    override it)."""
+    t = TensorProto.FLOAT
+    g = helper.make_graph(
+        [helper.make_node("Add", ["INPUT", "INITIALIZER"], ["OUTPUT"])], "add_with_initializer",
+        [helper.make_tensor_value_info("INPUT", t, [5, 5]),
+         helper.make_tensor_value_info("INITIALIZER", t, [5, 5])],
+        [helper.make_tensor_value_info("OUTPUT", t, [5, 5])],
+        initializer=[helper.make_tensor("INITIALIZER", t, [5, 5], [1.0] * 25)])
+    _save(g, model_dir / "1" / "model.onnx")

@@ -280,9 +280,12 @@ TensorSpec = tuple[str, str, Sequence[int]]
 
 
 def complete_io(cfg: mc.ModelConfig, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], *,
-                default_max_batch_size: int = 4) -> mc.ModelConfig:
+                default_max_batch_size: int = 4,
+                overridable: Sequence[TensorSpec] = ()) -> mc.ModelConfig:
     """The backend half of auto-complete (Triton's onnxruntime rules), from the tensors a
     worker read in the model file: `(name, API datatype, shape with -1 for dynamic)`.
+    ``overridable``: tensors the model has a value for that a config may declare as inputs
+    (an ONNX initializer that is also a graph input); never added by auto-complete.
     Returns a completed and checked copy."""
     out = copy.deepcopy(cfg)
     name = out.name
@@ -300,14 +303,16 @@ def complete_io(cfg: mc.ModelConfig, inputs: Sequence[TensorSpec], outputs: Sequ
             raise invalid_arg(f"autofill failed for model '{name}': model does not support batching "
                              "while non-zero max_batch_size is specified")
     mbs = out.max_batch_size
-    for kind, ios, found, had in (("input", out.input, fin, had_in), ("output", out.output, fout, had_out)):
+    known_in = {**{n: (list(s), _to_dtype(dt)) for n, dt, s in overridable}, **fin}
+    for kind, ios, found, known, had in (("input", out.input, fin, known_in, had_in),
+                                         ("output", out.output, fout, fout, had_out)):
         if not had:
             for tname, (shape, dtype) in found.items():
                 _fill_io(ios.add(name=tname), shape, dtype, mbs)
         for io in ios:
-            if io.name not in found:
+            if io.name not in known:
                 raise invalid_arg(unexpected_io_text(kind, io.name, found))
-            shape, dtype = found[io.name]
+            shape, dtype = known[io.name]
             _fill_io(io, shape, dtype, mbs)  # fills only what the config left unset
             _check_io(kind, name, out, io, shape, dtype)
     targets = [t for b in out.batch_input for t in b.target_name]

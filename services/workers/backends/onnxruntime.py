@@ -72,7 +72,11 @@ class OnnxRuntimeBackend(BackendBase):
                                   '"trireme[onnx-gpu]"')
         inputs = _io(self.session.get_inputs())
         outputs = _io(self.session.get_outputs())
-        self.config = complete_io(cfg, inputs, outputs) if load.autocomplete else cfg
+        # An initializer that is also a graph input: a config may declare it (optional) and
+        # a request may override it (Triton's qa/L0_initializer_as_input).
+        overridable = _io(self.session.get_overridable_initializers())
+        self.config = complete_io(cfg, inputs, outputs, overridable=overridable) \
+            if load.autocomplete else cfg
         self._string_inputs = {n for n, dt, _ in inputs if dt == "BYTES"}
 
     def execute(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
