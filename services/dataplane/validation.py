@@ -80,9 +80,9 @@ def resolve_version(info: ModelInfo, version: str) -> int:
         raise TriremeError(info.error.code, info.error.message)
     if not version:
         ready = [v for v, state in info.versions.items() if state == _READY]
-        if not ready:   # Triton: never loaded (explicit mode) is "not found"
-            raise TriremeError(Code.NOT_FOUND, f"Request for unknown model: '{name}' " + (
-                "has no available versions" if info.versions else "is not found"))
+        if not ready:
+            raise TriremeError(
+                Code.NOT_FOUND, f"Request for unknown model: '{name}' has no available versions")
         return max(ready)
     m = _STOL.match(version)
     v = int(m.group(1)) if m else None

@@ -128,7 +128,7 @@ class ModelManager(InstanceRecovery):
 
     def info(self, name: str) -> m.ModelInfo:
         e = self.models.get(name)
-        if e is None:
+        if e is None or (e.state is None and not e.versions):   # (never loaded: Triton's too)
             err = unknown_model(name)
             return m.ModelInfo(0, name, error=m.ErrorRecord(int(err.code), err.message))
         if e.info is None:

@@ -288,10 +288,6 @@ def test_no_ready_version():
         "Request for unknown model: 'simple' has no available versions")
 
 
-def test_never_loaded_model_is_not_found():
-    assert v_fails(vinfo(), "", Code.NOT_FOUND) == "Request for unknown model: 'simple' is not found"
-
-
 def test_unknown_version():
     assert v_fails(vinfo(v1="READY"), "2", Code.NOT_FOUND) == (
         "Request for unknown model: 'simple' version 2 is not found")
