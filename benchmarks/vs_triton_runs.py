@@ -50,9 +50,10 @@ class TritonServer(Server):
         return out
 
 
-def wait_models_ready(srv: Server, timeout: float) -> None:
+def wait_models_ready(srv: Server, timeout: float, names: tuple[str, ...] | list[str] = MODELS
+                      ) -> None:
     def ready() -> bool:
-        for m in MODELS:
+        for m in names:
             try:
                 with urllib.request.urlopen(f"http://{srv.http}/v2/models/{m}/ready",
                                             timeout=2) as r:
@@ -61,7 +62,7 @@ def wait_models_ready(srv: Server, timeout: float) -> None:
             except OSError:
                 return False
         return True
-    wait_until(ready, timeout, "every model ready", interval=0.2)
+    wait_until(ready, timeout, f"models ready: {', '.join(names)}", interval=0.2)
 
 
 def server_version(srv: Server) -> str:

@@ -61,9 +61,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import qa_server  # noqa: E402  (benchmarks/compat/qa_server.py)
+import qa_shared_memory  # noqa: E402  (benchmarks/compat/qa_shared_memory.py: L0_shared_memory)
 import qa_tree  # noqa: E402  (benchmarks/compat/qa_tree.py)
 
-SUITES = ("simple_ensemble", "backpressure", "infer_zero")
+SUITES = ("simple_ensemble", "backpressure", "infer_zero", *qa_shared_memory.SUITES)
 DEFAULT_SUITES = ("simple_ensemble", "infer_zero")
 INFER_ZERO_CASES = 28   # test.sh EXPECTED_NUM_TESTS
 
@@ -432,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
             zero, zero_notes = infer_zero_phases(work, args.nop_backend)
             phases += zero
             notes += zero_notes
+        phases += qa_shared_memory.phases(suites, source, work, Phase, log)
         for phase in phases:
             phase_rows, info = run_phase(phase, work, args)
             rows += phase_rows

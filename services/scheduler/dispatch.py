@@ -35,6 +35,7 @@ class Pending:
     stats: Any = None          # the version's stats.VersionStats when it was queued
     shm_domain: str = ""       # the frontend's shared-memory domain (shm.domain())
     sequence: Any = None       # its sequence.Sequence (models with sequence_batching)
+    regions: tuple[str, ...] = ()   # client shared-memory regions it holds until answered
 
 
 @dataclass

@@ -92,6 +92,15 @@ class SchedulerSettings:
     """--model-state-file: the models loaded in explicit mode, kept across restarts."""
     allow_client_shm: bool = False
     """--allow-client-shm: clients may register shared-memory regions (shm_regions.py)."""
+    metrics_config: list[str] = field(default_factory=list)
+    """--metrics-config <setting>=<value>, repeatable: Triton's counter_latencies,
+    histogram_latencies, summary_latencies, summary_quantiles (metrics_config.py)."""
+    metrics_interval_ms: int = 2000
+    """--metrics-interval-ms: how often the CPU and GPU metrics are read."""
+    allow_cpu_metrics: bool = True
+    """--allow-cpu-metrics: nv_cpu_* on /metrics (with --allow-metrics)."""
+    allow_gpu_metrics: bool = True
+    """--allow-gpu-metrics: nv_gpu_* on /metrics where NVML finds a GPU (with --allow-metrics)."""
 
 
 class Scheduler(WorkerSide):
@@ -251,9 +260,7 @@ class Scheduler(WorkerSide):
             self._cancel(identity, msg)
         elif isinstance(msg, (m.ShmRegister, m.ShmUnregister, m.ShmStatus)):
             reply, forget = self.regions.answer(msg)
-            if forget:   # sent after every batch that may use them, on the same connections
-                for worker_id in list(self._workers):
-                    self._send_worker(worker_id, m.ForgetRegions(forget))
+            self._forget_regions(forget)
             self._send_frontend(identity, reply)
         elif isinstance(msg, m.FrontendHello):
             self.frontends.add(identity)
@@ -325,15 +332,16 @@ class Scheduler(WorkerSide):
                 self._fail_req(identity, req, Code.UNAVAILABLE, not_ready_text(req.model, v))
             return
         req.version = vs.version
+        regions: tuple[str, ...] = ()
         if req.out_regions or any(t.region for t in req.inputs):
             try:
-                self.regions.resolve(req)
+                regions = self.regions.resolve(req)
             except TriremeError as e:
                 self._fail_req(identity, req, e.code, e.message)
                 return
         p = Pending(identity, req, frames, time.monotonic_ns(), stats=vs.queue.stats,
                     shm_domain=self._frontend_domains.get(identity, "")
-                    if shm_domain is None else shm_domain)
+                    if shm_domain is None else shm_domain, regions=regions)
         try:
             vs.queue.enqueue(p)
         except TriremeError as e:    # the queue is full
@@ -396,6 +404,20 @@ class Scheduler(WorkerSide):
 
     def _respond(self, p: Pending, result: m.InferResult, frames: list[Any]) -> None:
         self._send_frontend(p.frontend, result, frames)
+        if result.final:
+            self._answered(p)
+
+    def _answered(self, p: Pending) -> None:
+        """``p`` has its final answer: the client regions it held may go."""
+        if p.regions:
+            self._forget_regions(self.regions.release(p.regions))
+
+    def _forget_regions(self, keys: list[str]) -> None:
+        """Workers unmap these objects: sent after every batch that may use them, on the
+        same connections."""
+        if keys:
+            for worker_id in list(self._workers):
+                self._send_worker(worker_id, m.ForgetRegions(keys))
 
     def _release_blocks(self, blocks: list[tuple[str, int]]) -> None:
         """Hand shared-memory blocks back to the workers that own them."""
@@ -411,6 +433,7 @@ class Scheduler(WorkerSide):
         p.stats.failed(time.monotonic_ns() - p.arrival_ns, reason)
         self._send_frontend(p.frontend, m.InferResult(
             p.req.req_id, error=m.ErrorRecord(int(code), message), stream=p.stream, order=p.order))
+        self._answered(p)
 
     def _cluster_metrics(self) -> list[str]:
         return cluster_families({addr: n for addr, n in self._requests_from.values()},

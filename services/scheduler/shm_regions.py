@@ -5,6 +5,10 @@ request names into the objects and offsets its worker maps.
 Checks and texts follow Triton's server src/shared_memory_manager.cc and http_server.cc.
 Registering is refused unless the server runs with --allow-client-shm=true (Triton's
 default is false too); status answers either way, as Triton's does.
+
+A region that requests in flight still use is not removed by unregister: it is marked, stays
+listed and usable, and goes when the last of them finishes (Triton's awaiting_unregister_):
+``resolve`` holds each region a request names, ``release`` lets go when it has its answer.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from services.common import messages as m
 from services.common.errors import Code, TriremeError, invalid_arg, not_found, unsupported
 
 SYSTEM, CUDA = "system", "cuda"
+_SIZE_MAX = 2**64 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +48,8 @@ class Registry:
         self.allowed = allowed
         self.gpus = gpus                 # CUDA regions need a GPU (none: Triton's CPU build text)
         self.regions: dict[str, Region] = {}
+        self.held: dict[str, int] = {}            # region name -> requests in flight using it
+        self.awaiting: set[str] = set()           # unregistered while held
 
     # ------------------------------------------------------------------ the extension
     def answer(self, msg: m.ShmRegister | m.ShmUnregister | m.ShmStatus
@@ -89,12 +96,23 @@ class Registry:
         gone = []
         for name in names:
             r = self.regions.get(name)
-            if r is not None and r.kind == msg.kind:   # unknown names are no error (Triton)
-                del self.regions[name]
-                gone.append(r.key)
-        # A key registered again under another name stays mapped.
+            if r is None or r.kind != msg.kind:        # unknown names are no error (Triton)
+                continue
+            if self.held.get(name):
+                self.awaiting.add(name)                 # goes when its requests are answered
+            else:
+                gone.append(self._remove(name))
+        return self._unmappable(gone)
+
+    def _remove(self, name: str) -> str:
+        self.awaiting.discard(name)
+        return self.regions.pop(name).key
+
+    def _unmappable(self, keys: list[str]) -> list[str]:
+        """Of these keys, those no region uses any more (one registered again under another
+        name stays mapped)."""
         live = {r.key for r in self.regions.values()}
-        return [k for k in gone if k and k not in live]
+        return [k for k in keys if k and k not in live]
 
     def status(self, msg: m.ShmStatus) -> list[dict[str, Any]]:
         if not msg.name:
@@ -110,17 +128,38 @@ class Registry:
         return [r.status()]
 
     # ------------------------------------------------------------------ requests
-    def resolve(self, req: m.InferRequest) -> None:
+    def resolve(self, req: m.InferRequest) -> tuple[str, ...]:
         """Turn the regions ``req`` names into keys and object offsets (in place), with
-        Triton's GetMemoryInfo checks; raises TriremeError for the request."""
+        Triton's GetMemoryInfo checks; raises TriremeError for the request. Returns the
+        region names it holds until ``release``."""
+        names = []
         for t in req.inputs:
             if t.region:
+                names.append(t.region)
                 t.key, t.offset = self._locate(t.region, t.offset, t.nbytes)
                 t.region = ""
         for o in req.out_regions.values():
             if o.region:
+                names.append(o.region)
                 o.key, o.offset = self._locate(o.region, o.offset, o.nbytes)
                 o.region = ""
+        for name in names:
+            self.held[name] = self.held.get(name, 0) + 1
+        return tuple(names)
+
+    def release(self, names: tuple[str, ...]) -> list[str]:
+        """A request that held these regions has its answer; returns the keys workers may
+        now unmap (regions unregistered meanwhile, held by no other request)."""
+        gone = []
+        for name in names:
+            n = self.held.get(name, 0) - 1
+            if n > 0:
+                self.held[name] = n
+                continue
+            self.held.pop(name, None)
+            if name in self.awaiting:
+                gone.append(self._remove(name))
+        return self._unmappable(gone)
 
     def _locate(self, name: str, offset: int, nbytes: int) -> tuple[str, int]:
         r = self.regions.get(name)
@@ -128,6 +167,10 @@ class Registry:
             raise client_shm.unknown_region(name)
         if offset < 0 or offset >= r.byte_size:   # (gRPC's int64 is unsigned to Triton)
             raise invalid_arg(f"Invalid offset for shared memory region: '{name}'")
+        if nbytes > _SIZE_MAX - offset:
+            raise invalid_arg(f"Integer overflow detected: byte_size ({nbytes}) + offset "
+                              f"({offset}) exceeds maximum value ({_SIZE_MAX}) for region "
+                              f"'{name}'")
         if nbytes < 0 or offset + nbytes > r.byte_size:
             raise invalid_arg(f"Invalid offset + byte size for shared memory region: "
                               f"'{name}'")

@@ -49,6 +49,8 @@ class WorkerSide:
 
         def _send_frontend(self, identity: bytes, msg: Any, frames: Sequence[Any] = ()) -> None: ...
 
+        def _answered(self, p: Any) -> None: ...
+
     # ------------------------------------------------------------------ workers
     def _send_worker(self, worker_id: str, msg: Any, frames: Sequence[Any] = ()) -> bool:
         if self.wsock.send(worker_id.encode(), m.encode(msg, frames)):
@@ -81,6 +83,10 @@ class WorkerSide:
                     [(p.arrival_ns, p.dispatch_ns) for p in batch], msg.failed,
                     (msg.compute_input_ns, msg.compute_infer_ns, msg.compute_output_ns),
                     time.monotonic_ns())
+            if batch is not None:
+                for p in batch:
+                    if p.regions and (p.req.reply_to, p.req.req_id) not in inst.streaming:
+                        self._answered(p)
             vs = entry.versions.get(inst.version) if entry else None
             if vs is not None and vs.queue is not None and inst.worker_id in vs.queue.instances:
                 vs.queue.batch_done(inst, msg.batch_id)
@@ -90,7 +96,9 @@ class WorkerSide:
             inst = self._workers.get(msg.worker_id)
             if inst is not None:
                 for key in msg.keys:
-                    inst.streaming.pop(key, None)
+                    done = inst.streaming.pop(key, None)
+                    if done is not None and done.regions:
+                        self._answered(done)
         elif isinstance(msg, m.Relay):
             # Results the worker could not send straight to the frontend: the frames are
             # the result message itself, passed on untouched.

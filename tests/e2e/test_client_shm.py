@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import uuid
 from pathlib import Path
 
@@ -22,6 +23,27 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype, tri
 
 CLIENTS = [(httpclient, "http_url"), (grpcclient, "grpc_url")]
 A = np.arange(16, dtype=np.int32).reshape(1, 16)
+# Identity that holds each request until the file named by its GATE input exists (having
+# created "<gate>.started"): a request kept in flight for as long as a test needs.
+GATE = '''
+import os
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            gate = pb_utils.get_input_tensor_by_name(r, "GATE").as_numpy()[0].decode()
+            open(gate + ".started", "w").close()
+            while not os.path.exists(gate):
+                time.sleep(0.005)
+            x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))
+        return out
+'''
 B = np.ones((1, 16), dtype=np.int32)
 
 
@@ -41,6 +63,9 @@ def server(tmp_path_factory):
     python_model(repo, "py_strings", IDENTITY, io_config(
         "py_strings", [("INPUT0", "TYPE_STRING", "[ -1 ]")],
         [("OUTPUT0", "TYPE_STRING", "[ -1 ]")], max_batch_size=8))
+    python_model(repo, "gate", GATE, io_config(
+        "gate", [("INPUT0", "TYPE_INT32", "[ 16 ]"), ("GATE", "TYPE_STRING", "[ 1 ]")],
+        [("OUTPUT0", "TYPE_INT32", "[ 16 ]")]))
     scale(repo / "scale", ["batch", "n"], factor=2.0)
     write_config(repo / "scale", 'max_batch_size: 8\ninstance_group [{ kind: KIND_CPU }]\n')
     (repo / "chain" / "1").mkdir(parents=True)
@@ -406,3 +431,39 @@ def test_disabled_without_the_flag(tmp_path, mod, _):
         finally:
             shm.destroy_shared_memory_region(h)
         c.close()
+
+
+def test_unregister_waits_for_requests_in_flight(server, tmp_path):
+    """Triton's awaiting_unregister: a region a running request uses stays registered (and
+    usable) after unregister until that request is answered, then goes, unmapped."""
+    c = _client(server, httpclient)
+    runner = _client(server, httpclient)     # its one connection holds the request
+    gate = str(tmp_path / "gate")
+    x = np.arange(16, dtype=np.int32)
+    with region(c, 64) as (rin, key, hin):
+        shm.set_shared_memory_region(hin, [x])
+        g = httpclient.InferInput("GATE", [1], "BYTES")
+        g.set_data_from_numpy(np.array([gate.encode()], dtype=np.object_))
+        pending = runner.async_infer("gate", [_in(httpclient, "INPUT0", x, rin), g])
+        wait_until(lambda: os.path.exists(gate + ".started"), 30, "the request to start")
+        c.unregister_system_shared_memory(rin)
+        assert [r["name"] for r in c.get_system_shared_memory_status()] == [rin]
+        open(gate, "w").close()
+        np.testing.assert_array_equal(pending.get_result(timeout=30).as_numpy("OUTPUT0"), x)
+        wait_until(lambda: c.get_system_shared_memory_status() == [], 10, "the region to go")
+        wait_until(lambda: not _maps(server, key), 10, "the worker to unmap the region")
+    c.close()
+    runner.close()
+
+
+def test_integer_overflow_of_offset_and_size(server):
+    """Triton's text when offset + byte_size does not fit in 64 bits."""
+    c = _client(server, httpclient)
+    with region(c, 64) as (rin, _, hin), region(c, 64) as (rout, _, _h):
+        shm.set_shared_memory_region(hin, [A])
+        with pytest.raises(InferenceServerException, match=re.escape(
+                f"Integer overflow detected: byte_size (18446744073709551584) + offset (32) "
+                f"exceeds maximum value (18446744073709551615) for region '{rout}'")):
+            c.infer("simple", [_in(httpclient, "INPUT0", A, rin), _in(httpclient, "INPUT1", A, rin)],
+                    outputs=[_out(httpclient, "OUTPUT0", rout, 2**64 - 32, 32)])
+    c.close()

@@ -123,3 +123,30 @@ def test_region_map_reads_writes_and_forgets(key):
     with pytest.raises(TriremeError, match="fewer than the"):
         regions.view(key, 4 * PAGE, 1)
     regions.close()
+
+
+def test_unregister_waits_for_requests_holding_the_region(key):
+    r = Registry(allowed=True)
+    r.register(reg("a", key, 0, 128))
+    def request():
+        return m.InferRequest(1, "", "m", 0, [m.TensorRef("X", "FP32", [1], 4, region="a")])
+    first, second = r.resolve(request()), r.resolve(request())
+    assert first == second == ("a",)
+    assert r.unregister(m.ShmUnregister(1, "system", "a")) == []       # held: kept, listed
+    assert [s["name"] for s in r.status(m.ShmStatus(1, "system"))] == ["a"]
+    third = r.resolve(request())                                         # and still usable
+    assert r.release(first) == [] and r.release(second) == []
+    assert r.release(third) == [key]                                      # the last one: gone
+    assert r.status(m.ShmStatus(1, "system")) == []
+    r.register(reg("a", key, 0, 128))
+    assert r.release(r.resolve(request())) == []                          # not unregistered
+
+
+def test_offset_plus_size_overflow(key):
+    r = Registry(allowed=True)
+    r.register(reg("a", key, 0, 64))
+    req = m.InferRequest(1, "", "m", 0, [m.TensorRef("X", "FP32", [1], 2**64 - 32, offset=32,
+                                                      region="a")])
+    assert err(r.resolve, req) == (Code.INVALID_ARG, (
+        "Integer overflow detected: byte_size (18446744073709551584) + offset (32) exceeds "
+        "maximum value (18446744073709551615) for region 'a'"))
