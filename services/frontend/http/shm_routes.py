@@ -7,7 +7,9 @@ what Triton's HTTP layer does before it calls its manager: the method check, the
 body, and the status array as Triton writes it. Sources (triton-inference-server/server,
 src/http_server.cc): HandleSystemSharedMemory, HandleCudaSharedMemory, EVBufferToJson;
 src/common.cc DecodeBase64 (libb64); src/shared_memory_manager.cc GetStatus (the fields);
-TritonJson's texts (common, triton_json.h), whose errors are INTERNAL in http_server.cc.
+TritonJson's texts (common, triton_json.h), whose errors are INTERNAL (500) in
+http_server.cc: a malformed body is the client's mistake, so they are 400 here
+(docs/compat.md).
 
 Errors are raised as TriremeError and mapped to a status by routes.py's one table.
 
@@ -23,7 +25,7 @@ import base64
 import re
 from typing import Any
 
-from services.common.errors import TriremeError, internal, invalid_arg
+from services.common.errors import TriremeError, invalid_arg
 from services.dataplane.api import DataPlaneAPI
 from services.frontend.http import json_body
 from services.frontend.http.message import BodyTooLarge, Reply
@@ -45,7 +47,7 @@ NO_KEY_TEXT = "Shared memory register request has no 'key' field"
 NO_BYTE_SIZE_TEXT = "Shared memory register request has no 'byte_size' field"
 NO_RAW_HANDLE_TEXT = "Shared memory register request has no 'raw_handle' field"
 BAD_HANDLE_TEXT = "'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t"
-# TritonJson (INTERNAL)
+# TritonJson (INTERNAL in Triton, 400 here)
 _NOT_STRING = "attempt to access JSON non-string as string"
 _NOT_UINT = "attempt to access JSON non-unsigned-integer as unsigned-integer"
 _NO_MEMBER = "attempt to access non-existing object member '{}'"
@@ -69,18 +71,18 @@ def size_limit_text(size: int | None, limit: int) -> str:
 
 def _parse(body: Any) -> Any:
     """The body as JSON, an empty one included (EVRequestToJsonAllowsEmpty); rapidjson's
-    words, INTERNAL as TritonJson's Parse is in http_server.cc."""
+    words (INTERNAL in Triton; 400 here)."""
     try:
         return json_body.decode_json(body)
     except TriremeError as e:
-        raise internal(e.message) from None
+        raise invalid_arg(e.message) from None
 
 
 def _uint(value: Any) -> int:
     """TritonJson's AsUInt: a JSON integer in uint64 (a number written with a fraction or
     an exponent, or a bool, is not one)."""
     if type(value) is not int or not 0 <= value <= _UINT64_MAX:
-        raise internal(_NOT_UINT)
+        raise invalid_arg(_NOT_UINT)
     return value
 
 
@@ -97,7 +99,7 @@ def decode_system_register(body: Any) -> tuple[str, int, int]:
         raise invalid_arg(NO_KEY_TEXT)
     key = doc["key"]
     if type(key) is not str:
-        raise internal(_NOT_STRING)
+        raise invalid_arg(_NOT_STRING)
     offset = _uint(doc["offset"]) if "offset" in doc else 0
     if "byte_size" not in doc:
         raise invalid_arg(NO_BYTE_SIZE_TEXT)
@@ -107,7 +109,7 @@ def decode_system_register(body: Any) -> tuple[str, int, int]:
 def _member_uint(doc: dict, name: str) -> int:
     """TritonJson's MemberAsUInt."""
     if name not in doc:
-        raise internal(_NO_MEMBER.format(name))
+        raise invalid_arg(_NO_MEMBER.format(name))
     return _uint(doc[name])
 
 
@@ -130,10 +132,10 @@ def decode_cuda_register(body: Any) -> tuple[bytes, int, int]:
         raise invalid_arg(NO_RAW_HANDLE_TEXT)
     raw = doc["raw_handle"]
     if type(raw) is not dict or "b64" not in raw:
-        raise internal(_NO_MEMBER.format("b64"))
+        raise invalid_arg(_NO_MEMBER.format("b64"))
     b64 = raw["b64"]
     if type(b64) is not str:
-        raise internal(_NOT_STRING)
+        raise invalid_arg(_NOT_STRING)
     byte_size = _member_uint(doc, "byte_size")
     device_id = _member_uint(doc, "device_id")
     encoded = b64.encode("utf-8", "surrogatepass")

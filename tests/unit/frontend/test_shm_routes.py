@@ -165,21 +165,21 @@ def test_the_key_is_cut_at_a_nul_as_triton_reads_it():
     ({"key": "/k"}, 400, "Shared memory register request has no 'byte_size' field"),
     ({"key": "/k", "offset": 0}, 400, "Shared memory register request has no 'byte_size' field"),
     # TritonJson's (INTERNAL), in Triton's order: key, offset, byte_size
-    ({"key": 1}, 500, "attempt to access JSON non-string as string"),
-    ({"key": None, "byte_size": 8}, 500, "attempt to access JSON non-string as string"),
-    ({"key": "/k", "offset": -1}, 500,
+    ({"key": 1}, 400, "attempt to access JSON non-string as string"),
+    ({"key": None, "byte_size": 8}, 400, "attempt to access JSON non-string as string"),
+    ({"key": "/k", "offset": -1}, 400,
      "attempt to access JSON non-unsigned-integer as unsigned-integer"),
-    ({"key": "/k", "offset": 1.0, "byte_size": 8}, 500,
+    ({"key": "/k", "offset": 1.0, "byte_size": 8}, 400,
      "attempt to access JSON non-unsigned-integer as unsigned-integer"),
-    ({"key": "/k", "byte_size": "8"}, 500,
+    ({"key": "/k", "byte_size": "8"}, 400,
      "attempt to access JSON non-unsigned-integer as unsigned-integer"),
-    ({"key": "/k", "byte_size": True}, 500,
+    ({"key": "/k", "byte_size": True}, 400,
      "attempt to access JSON non-unsigned-integer as unsigned-integer"),
-    ({"key": "/k", "byte_size": 2**64}, 500,
+    ({"key": "/k", "byte_size": 2**64}, 400,
      "attempt to access JSON non-unsigned-integer as unsigned-integer"),
     # the body is parsed even when empty (EVRequestToJsonAllowsEmpty); TritonJson: INTERNAL
-    (b"", 500, "failed to parse the request JSON buffer: The document is empty. at 0"),
-    (b"{", 500, "failed to parse the request JSON buffer: Unexpected end of the document. at 1"),
+    (b"", 400, "failed to parse the request JSON buffer: The document is empty. at 0"),
+    (b"{", 400, "failed to parse the request JSON buffer: Unexpected end of the document. at 1"),
 ])
 def test_system_register_body_errors(body, status, text):
     dp = ShmDataPlane()
@@ -236,24 +236,24 @@ NOT_UINT = "attempt to access JSON non-unsigned-integer as unsigned-integer"
     ({}, 400, "Shared memory register request has no 'raw_handle' field"),
     ({"byte_size": "x"}, 400, "Shared memory register request has no 'raw_handle' field"),
     ([1], 400, "Shared memory register request has no 'raw_handle' field"),
-    ({"raw_handle": HANDLE_B64}, 500, "attempt to access non-existing object member 'b64'"),
-    ({"raw_handle": {}}, 500, "attempt to access non-existing object member 'b64'"),
-    ({"raw_handle": {"b64": 5}}, 500, "attempt to access JSON non-string as string"),
+    ({"raw_handle": HANDLE_B64}, 400, "attempt to access non-existing object member 'b64'"),
+    ({"raw_handle": {}}, 400, "attempt to access non-existing object member 'b64'"),
+    ({"raw_handle": {"b64": 5}}, 400, "attempt to access JSON non-string as string"),
     # then byte_size, then device_id (MemberAsUInt: both required)
-    ({"raw_handle": {"b64": "x"}}, 500, "attempt to access non-existing object member "
+    ({"raw_handle": {"b64": "x"}}, 400, "attempt to access non-existing object member "
                                         "'byte_size'"),
-    ({"raw_handle": {"b64": "x"}, "byte_size": 64}, 500,
+    ({"raw_handle": {"b64": "x"}, "byte_size": 64}, 400,
      "attempt to access non-existing object member 'device_id'"),
-    (cuda_body(byte_size=-1), 500, NOT_UINT),
-    (cuda_body(device_id=-1), 500, NOT_UINT),
-    (cuda_body(device_id=0.0), 500, NOT_UINT),
+    (cuda_body(byte_size=-1), 400, NOT_UINT),
+    (cuda_body(device_id=-1), 400, NOT_UINT),
+    (cuda_body(device_id=0.0), 400, NOT_UINT),
     # the handle is decoded last: 64 bytes or Triton's INVALID_ARG
     (cuda_body(base64.b64encode(b"A" * 48).decode()), 400, BAD_HANDLE),   # QA's small one
     (cuda_body(base64.b64encode(HANDLE + b"x").decode()), 400, BAD_HANDLE),
     (cuda_body("!!not base64!!"), 400, BAD_HANDLE),
     (cuda_body(HANDLE_B64[:85]), 400, BAD_HANDLE),            # 4k+1 chars: 63 bytes, no error
     (cuda_body(""), 400, BAD_HANDLE),
-    (b"", 500, "failed to parse the request JSON buffer: The document is empty. at 0"),
+    (b"", 400, "failed to parse the request JSON buffer: The document is empty. at 0"),
 ])
 def test_cuda_register_body_errors(body, status, text):
     dp = ShmDataPlane()
