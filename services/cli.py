@@ -19,6 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from services.common import logsettings
 from services.common.flags import parse_bool
 from services.common.procutil import set_title
 from services.common.shm import DEFAULT_INLINE_THRESHOLD
@@ -42,6 +43,18 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strict-readiness", type=parse_bool, default=True)
     p.add_argument("--metrics-port", type=int, default=8002)
     p.add_argument("--allow-metrics", type=parse_bool, default=True)
+    p.add_argument("--allow-cpu-metrics", type=parse_bool, default=True,
+                   help="CPU metrics (nv_cpu_*) on /metrics; ignored unless --allow-metrics is true")
+    p.add_argument("--allow-gpu-metrics", type=parse_bool, default=True,
+                   help="GPU metrics (nv_gpu_*, through nvidia-ml-py); ignored unless "
+                        "--allow-metrics is true")
+    p.add_argument("--metrics-interval-ms", type=_interval_ms, default=2000,
+                   help="CPU and GPU metrics are read once every this many milliseconds")
+    p.add_argument("--metrics-config", action="append", default=[], type=_metrics_setting,
+                   metavar="<setting>=<value>",
+                   help="Triton's metrics settings, repeatable: counter_latencies=<bool> (true), "
+                        "histogram_latencies=<bool> (false), summary_latencies=<bool> (false), "
+                        "summary_quantiles=<quantile>:<error>,...")
     p.add_argument("--exit-timeout-secs", type=_secs, default=30.0,
                    help="on SIGTERM/SIGINT, how long work in flight may take to finish; a model "
                         "instance still executing then is killed and its requests fail")
@@ -55,7 +68,6 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-state-file", type=Path, default=None,
                    help="explicit mode: keep the loaded models (and their load parameters) in "
                         "this file, and load them again when the scheduler restarts")
-    p.add_argument("--log-verbose", type=int, default=0)
     p.add_argument("--allow-client-shm", type=parse_bool, default=False,
                    help="clients may register system shared-memory regions (Triton's flag)")
     p.add_argument("--rate-limit", choices=["off", "execution_count"], default="off",
@@ -63,6 +75,12 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate-limit-resource", action="append", default=[], type=_resource,
                    metavar="NAME:COUNT[:DEVICE]",
                    help="resources available to the rate limiter (no device, or -1: on every device)")
+    # ---- logging: Triton's --log-* flags. The scheduler's settings, which every frontend
+    # and worker follows (services/common/logsettings.py)
+    logsettings.add_log_args(p)
+    # ---- tracing: Triton's --trace-config (and its deprecated --trace-* flags)
+    from services.scheduler.trace_settings import add_trace_args
+    add_trace_args(p)
 
 
 def _resource(v: str) -> str:
@@ -72,6 +90,25 @@ def _resource(v: str) -> str:
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return v
+
+
+def _metrics_setting(v: str) -> str:
+    from services.scheduler.metrics_config import parse_setting
+    try:
+        parse_setting(v)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return v
+
+
+def _interval_ms(v: str) -> int:
+    try:
+        ms = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"Invalid option value. Got {v}") from None
+    if ms <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of milliseconds > 0, got '{v}'")
+    return ms
 
 
 def _secs(v: str) -> float:
@@ -84,6 +121,15 @@ def _secs(v: str) -> float:
     return f
 
 
+
+
+def _trace_config(args: argparse.Namespace):
+    """The start-up trace settings; a bad value stops the server with Triton's text."""
+    from services.scheduler.trace_settings import TraceConfigError, config_from_args
+    try:
+        return config_from_args(args)
+    except TraceConfigError as e:
+        raise SystemExit(str(e).rstrip("\n")) from None
 
 
 def _scheduler_settings(args: argparse.Namespace, frontend_addr: str, worker_addr: str, host: str):
@@ -104,7 +150,9 @@ def _scheduler_settings(args: argparse.Namespace, frontend_addr: str, worker_add
         unload_timeout_secs=args.model_unload_timeout_secs,
         local_workers=getattr(args, "local_workers", True),
         state_file=str(args.model_state_file or ""),
-        allow_client_shm=args.allow_client_shm,
+        allow_client_shm=args.allow_client_shm, trace=_trace_config(args),
+        metrics_config=args.metrics_config, metrics_interval_ms=args.metrics_interval_ms,
+        allow_cpu_metrics=args.allow_cpu_metrics, allow_gpu_metrics=args.allow_gpu_metrics,
         worker_args=(["--no-shm"] if getattr(args, "no_shm", False) else [])
         + ["--inline-threshold", str(args.inline_threshold)])
 
@@ -276,8 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         from services.workers.main import main as worker_main
         return worker_main(argv[1:])
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.log_verbose else logging.INFO,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logsettings.configure(logsettings.from_args(args))
     return args.func(args)
 
 

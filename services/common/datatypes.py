@@ -52,13 +52,8 @@ _BY_KIND: dict[tuple[str, int], str] = {
 }
 _BF16 = _NUMPY["BF16"]
 
-# numpy kinds of a parsed JSON list that each datatype accepts: ints only from JSON ints,
-# floats from any number, BOOL only from true/false (as Triton's JSON parser does).
-_ACCEPTED_KINDS: dict[str, str] = {dt: "iu" for dt in DATATYPES if dt[0] in "IU"}
-_ACCEPTED_KINDS.update({"BOOL": "b", "FP16": "iuf", "FP32": "iuf", "FP64": "iuf", "BF16": "iuf"})
 
 _U32 = struct.Struct("<I")
-_SCALARS = (str, bytes, bytearray, int, float, bool, type(None))
 _LITTLE = sys.byteorder == "little"  # memoryview native formats are then the wire order
 
 
@@ -199,20 +194,47 @@ def bytes_tensor_count(buf: Any) -> int:
 
 
 # ---- JSON <-> raw buffers ------------------------------------------------------------
+# A tensor's JSON "data" is read as Triton's HTTP server reads it (src/http_server.cc
+# ReadDataFromJson, JsonBytesArrayByteSize; TritonJson's accessors): an array, nested or
+# not, walked in order; BOOL takes only true/false, the integer types only JSON integers
+# that fit 64 bits (unsigned for UINT*), wrapped to their width as a C cast does (300 is
+# 44 as INT8), the float types any number; BYTES only strings (the element count is the
+# request validation's to check); FP16 and BF16 are refused, binary data being the way to
+# send them. The texts are Triton's. Triton answers the type and count errors with 500
+# (TritonJson's error passes through as INTERNAL): they are the client's, so here 400.
+
+DATA_NOT_ARRAY_TEXT = "Unable to parse 'data': attempt to access JSON non-array as array"
+DATA_SHAPE_TEXT = "Unable to parse 'data': Shape does not match true shape of 'data' field"
+BYTES_NOT_STRING_TEXT = ("Unable to parse JSON bytes array: attempt to access JSON "
+                         "non-string as string")
+NUMBER_TOO_BIG_TEXT = ("failed to parse the request JSON buffer: Number too big to be stored "
+                       "in double.")
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+_UINT64 = (0, (1 << 64) - 1)
+
+
+def json_receive_refused_text(datatype: str, name: str) -> str:
+    """Triton's refusal of FP16/BF16 input data as JSON."""
+    return (f"receiving {datatype} data via JSON is not supported. Please use the binary "
+            f"data format for input {name}")
+
+
+def json_send_refused_text(datatype: str) -> str:
+    """Triton's refusal of an FP16/BF16 output as JSON."""
+    return (f"sending {datatype} data via JSON is not supported. Please use the binary data "
+            f"format for output")
+
 
 def _flatten_into(out: list[Any], seq: Iterable[Any]) -> None:
     for x in seq:
-        if isinstance(x, (list, tuple)):
+        if type(x) is list:
             _flatten_into(out, x)
         else:
             out.append(x)
 
 
-def _flat(data: Any) -> list[Any]:
-    if isinstance(data, _SCALARS):
-        return [data]  # Triton accepts a bare scalar for a one-element tensor
-    data = list(data)
-    if any(isinstance(x, (list, tuple)) for x in data):
+def _flat(data: list[Any]) -> list[Any]:
+    if list in map(type, data):
         out: list[Any] = []
         _flatten_into(out, data)
         return out
@@ -226,57 +248,70 @@ def _element_count(name: str, shape: Sequence[int]) -> int:
     return math.prod(shape)
 
 
-def _count_error(name: str, got: int, shape: Sequence[int], want: int) -> TriremeError:
-    return invalid_arg(f"input '{name}' has {got} elements but its shape {list(shape)} "
-                       f"requires {want}")
+def _accessor(datatype: str) -> tuple[str, Any]:
+    """TritonJson's accessor for ``datatype``: what its error says it refused, and a test
+    of one value."""
+    if datatype == "BOOL":
+        return "non-boolean as boolean", lambda v: type(v) is bool
+    if datatype[0] == "U":
+        return ("non-unsigned-integer as unsigned-integer",
+                lambda v: type(v) is int and _UINT64[0] <= v <= _UINT64[1])
+    if datatype[0] == "I":
+        return ("non-signed-integer as signed-integer",
+                lambda v: type(v) is int and _INT64[0] <= v <= _INT64[1])
+    return "non-number as double", lambda v: type(v) is int or type(v) is float
 
 
-def _type_error(name: str, datatype: str) -> TriremeError:
-    return invalid_arg(f"unable to parse 'data' of input '{name}': expected {datatype} values")
+def _all_accepted(datatype: str, flat: list[Any]) -> bool:
+    """Whether every value passes ``datatype``'s accessor, at C speed where it can."""
+    types = set(map(type, flat))
+    if datatype == "BOOL":
+        return types <= {bool}
+    if datatype[0] in "UI":
+        lo, hi = _UINT64 if datatype[0] == "U" else _INT64
+        return types <= {int} and (not flat or (lo <= min(flat) and max(flat) <= hi))
+    return types <= {int, float}
 
 
 def json_to_buffer(name: str, datatype: str, shape: Sequence[int], data: Any) -> bytes:
-    """KServe v2 JSON `data` (flat or nested, row-major) -> raw little-endian bytes."""
-    want = _element_count(name, shape)
+    """A tensor's KServe v2 JSON `data` -> raw little-endian bytes, as Triton reads it
+    (above). A tensor without elements reads nothing (Triton does not look at its data)."""
+    count = _element_count(name, shape)
+    if count == 0:
+        return b""
+    if type(data) is not list:
+        raise invalid_arg(DATA_NOT_ARRAY_TEXT)
     if datatype == "BYTES":
         items = _flat(data)
-        if len(items) != want:
-            raise _count_error(name, len(items), shape, want)
-        try:
-            encoded = [s.encode("utf-8") for s in items]
-        except AttributeError:  # bytes (e.g. gRPC bytes_contents) are fine, numbers are not
-            if not all(isinstance(s, (str, bytes)) for s in items):
-                raise _type_error(name, datatype) from None
-            encoded = [_to_bytes(s) for s in items]
-        return _join_framed(encoded)
-
-    dtype = numpy_dtype(datatype)
-    if isinstance(data, _SCALARS):
-        data = [data]
+        if not all(type(x) is str for x in items):
+            raise invalid_arg(BYTES_NOT_STRING_TEXT)
+        return _join_framed([x.encode("utf-8") for x in items])
+    if datatype in ("FP16", "BF16"):
+        raise invalid_arg(json_receive_refused_text(datatype, name))
+    if datatype not in _NUMPY:
+        raise invalid_arg(f"invalid datatype for input {name}")
+    flat = _flat(data)
+    if not _all_accepted(datatype, flat) or len(flat) != count:
+        # Triton's walk: element by element, the first overrun or refused value ends it.
+        what, ok = _accessor(datatype)
+        for i, v in enumerate(flat):
+            if i >= count:
+                break
+            if not ok(v):
+                raise invalid_arg(f"Unable to parse 'data': attempt to access JSON {what}")
+        raise invalid_arg(DATA_SHAPE_TEXT)
+    dtype = _NUMPY[datatype]
+    if datatype == "BOOL":
+        return np.array(flat, np.bool_).tobytes()
+    if dtype.kind in "iu":   # through 64 bits, then a wrapping cast to the width
+        wide = np.array(flat, np.uint64 if dtype.kind == "u" else np.int64)
+        return wide.astype(dtype, copy=False).tobytes()
     try:
-        arr = np.array(data)  # one C pass over the list; infers kind for type checking
-    except (ValueError, TypeError):  # ragged nesting: Triton just walks it in order
-        try:
-            arr = np.array(_flat(data))
-        except (ValueError, TypeError):
-            raise _type_error(name, datatype) from None
-    if arr.size != want:
-        raise _count_error(name, arr.size, shape, want)
-    if want == 0:
-        return b""
-    if dtype.kind in "iu" and arr.dtype.kind == "f":
-        # numpy turns a mix of ints beyond int64 (UINT64 data) and small ints into
-        # float64; redo that rare case exactly from the Python ints.
-        flat = _flat(data)
-        if all(type(x) is int for x in flat):
-            _check_range(name, datatype, dtype, min(flat), max(flat))
-            return np.array(flat, dtype=dtype).tobytes()
-    if arr.dtype.kind not in _ACCEPTED_KINDS[datatype]:
-        raise _type_error(name, datatype)
-    if dtype.kind in "iu":
-        _check_range(name, datatype, dtype, int(arr.min()), int(arr.max()))
+        wide = np.array(flat, np.float64)
+    except OverflowError:    # an integer beyond any double: Triton's parser refuses it
+        raise invalid_arg(NUMBER_TOO_BIG_TEXT) from None
     with np.errstate(over="ignore"):  # 1e40 -> inf in FP32, as a C cast would do
-        return arr.astype(dtype, copy=False).tobytes()
+        return wide.astype(dtype, copy=False).tobytes()
 
 
 # struct codes of the datatypes numbers_to_buffer packs directly ("<": little-endian, no
@@ -289,8 +324,8 @@ _PACK_CODES: dict[str, _Code] = {
 }
 # High byte (sign + top exponent bits) of each element: all of them in this set means every
 # |value| < 2**53 (FP32: exponent <= 179) or < 2**49 (FP64: exponent <= 1071). Below 2**53
-# every int is exact in a double, so packing it as a float gives what json_to_buffer's
-# int64 -> float cast gives; larger ones (and ints numpy would refuse) take json_to_buffer.
+# every int is exact in a double, so packing it is plainly what json_to_buffer does; larger
+# ones take json_to_buffer (the same bytes: both round int -> double -> float).
 _SMALL_HIGH_BYTES = {
     "f": (4, bytes(b for b in range(256) if b & 0x7F <= 0x59)),
     "d": (8, bytes(b for b in range(256) if b & 0x7F <= 0x42)),
@@ -318,14 +353,6 @@ def numbers_to_buffer(name: str, datatype: str, shape: Sequence[int],
         if check is None or not out[check[0] - 1::check[0]].translate(None, check[1]):
             return out
     return json_to_buffer(name, datatype, shape, values)
-
-
-def _check_range(name: str, datatype: str, dtype: np.dtype, lo: int, hi: int) -> None:
-    info = np.iinfo(dtype)
-    if lo < info.min or hi > info.max:
-        bad = lo if lo < info.min else hi
-        raise invalid_arg(f"unable to parse 'data' of input '{name}': value {bad} is out "
-                          f"of range for {datatype}")
 
 
 def _dense_view(datatype: str, shape: Sequence[int], buf: Any) -> np.ndarray:

@@ -93,10 +93,12 @@ def not_ready_text(model: str, version: int | str) -> str:
     return f"'{model}' version {version} is not at ready state"
 
 
-def poll_failed_text(model: str) -> str:
-    """A load request the repository cannot satisfy: no such model, or a config override
-    that does not parse (Triton's text; Triton answers it INTERNAL, we INVALID_ARG)."""
-    return f"failed to load '{model}', failed to poll from model repository"
+def poll_failed(model: str) -> TriremeError:
+    """A load request the repository cannot satisfy: no such model, a config override that
+    does not parse, a "file:" parameter the file system refuses. Triton's text and code
+    (INTERNAL: Triton's model-control example clients check it)."""
+    return TriremeError(Code.INTERNAL,
+                        f"failed to load '{model}', failed to poll from model repository")
 
 
 def load_failed_text(model: str, version: int | str, why: object) -> str:

@@ -64,6 +64,16 @@ class Kind(enum.IntEnum):
     SPAWN_WORKER = 42
     STOP_WORKER = 43
     WORKER_EXITED = 44
+    # Triton's logging extension (numbered after the client shared-memory range)
+    GET_LOG_SETTINGS = 60          # frontend -> scheduler
+    SET_LOG_SETTINGS = 61          # frontend -> scheduler
+    LOG_SETTINGS = 62              # scheduler -> frontend: the answer to both
+    LOG_SETTINGS_CHANGED = 63      # scheduler -> frontends, workers, worker hosts
+    # Triton's trace extension (services/scheduler/trace_settings.py)
+    TRACE_SETTINGS_REQUEST = 70    # frontend -> scheduler
+    TRACE_SETTINGS = 71            # scheduler -> frontend: its answer
+    TRACE_LEVELS = 72              # scheduler -> frontends: which models may be traced
+    TRACE_RECORD = 73              # frontend -> scheduler: a sampled request's trace
 
 
 class _Msg(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -121,6 +131,7 @@ class InferRequest(_Msg):
     batch_size: int = 1
     request_id: str = ""           # the client's "id" (a Python model reads it)
     out_regions: dict[str, OutputRegion] = {}   # output name -> client shared memory
+    trace: int = 0                 # 1: the frontend traces it if the scheduler samples it
 
 
 class InferRequests(_Msg):
@@ -224,6 +235,9 @@ class InferResult(_Msg):
     # set. ``empty``: a final flag sent without a response (no tensors, no error).
     final: bool = True
     empty: bool = False
+    # A sampled request's trace so far (services/common/trace.py TRACE_HEAD): its id,
+    # level and QUEUE_START, then the worker's COMPUTE_* times; empty when not traced.
+    trace: list[int] = []
 
 
 class InferResults(_Msg):
@@ -253,6 +267,7 @@ class ModelInfo(_Msg):
     decoupled: bool = False
     probe_ready: bool = False      # readiness asks the instances (CheckReady)
     shm: bool = True               # every instance can map the asking frontend's segments
+    labels: dict[str, list[str]] = {}   # output name -> its label_filename's lines (classification)
 
 
 class IndexEntry(_Msg):
@@ -348,11 +363,13 @@ class BatchItem(_Msg):
     request_id: str = ""
     shm: bool = True               # the frontend can map this worker's segments (outputs)
     out_regions: dict[str, OutputRegion] = {}   # resolved: written there, not sent
+    trace: list[int] = []          # sampled: [trace id, level, QUEUE_START] (see InferResult)
 
 
 class ExecuteBatch(_Msg):
     batch_id: int
     items: list[BatchItem]
+    traced: bool = False           # some item has a trace: the worker adds its times
 
 
 class ForgetRegions(_Msg):
@@ -487,6 +504,91 @@ class StreamsDone(_Msg):
     keys: list[tuple[str, int]]
 
 
+# ---------------------------------------------------------------- logging extension
+class LogConfig(_Msg):
+    """Triton's log settings, the logging extension's six fields (services/common/
+    logsettings.py applies them to a process)."""
+    log_file: str = ""             # "": stderr
+    log_info: bool = True
+    log_warning: bool = True
+    log_error: bool = True
+    log_verbose_level: int = 0
+    log_format: str = "default"    # "default" | "ISO8601"
+
+
+class GetLogSettings(_Msg):
+    ctl_id: int
+
+
+class SetLogSettings(_Msg):
+    """Change the settings given (None: unchanged), checked by the frontend in Triton's
+    words; log_file cannot change at run time (Triton refuses it)."""
+    ctl_id: int
+    log_info: bool | None = None
+    log_warning: bool | None = None
+    log_error: bool | None = None
+    log_verbose_level: int | None = None
+    log_format: str | None = None
+
+
+class LogSettings(_Msg):
+    """The scheduler's settings after a GetLogSettings or SetLogSettings (the source of
+    truth: every process follows them)."""
+    ctl_id: int
+    settings: LogConfig
+    error: ErrorRecord | None = None
+
+
+class LogSettingsChanged(_Msg):
+    """The scheduler's settings, sent to every frontend, worker and worker host as it
+    connects (after its FrontendHello, WorkerReady, HostHello) and to all of them on each
+    change. A process keeps its own log_file: the one it started with."""
+    settings: LogConfig
+
+
+# ---------------------------------------------------------------- trace extension
+class TraceUpdate(_Msg):
+    """The trace settings a request changes: ``set`` name -> value ("level" as Triton's
+    bit mask, "rate", "count", "log_frequency"), ``clear`` the names set back to the
+    fallback (the global setting, or the start-up one for the global setting)."""
+    set: dict[str, int] = {}
+    clear: list[str] = []
+
+
+class TraceSettingsRequest(_Msg):
+    """Read (``update`` None) or change the trace settings of ``model`` ("": the global
+    ones). ``error``: what the frontend found wrong in the request, answered after the
+    model check (Triton's order)."""
+    ctl_id: int
+    model: str = ""
+    update: TraceUpdate | None = None
+    error: ErrorRecord | None = None
+
+
+class TraceSettings(_Msg):
+    """The settings after a TraceSettingsRequest, as Triton lists them: (key, values)."""
+    ctl_id: int
+    settings: list[tuple[str, list[str]]] = []
+    error: ErrorRecord | None = None
+
+
+class TraceLevels(_Msg):
+    """Which requests a frontend marks as traceable (InferRequest.trace): the level of
+    ``models`` listed, else ``default`` (0: not traced). Sent after each FrontendHello and
+    whenever it changes."""
+    default: int = 0
+    models: dict[str, int] = {}
+    mode: str = "triton"
+    options: list[tuple[str, str]] = []   # the mode's --trace-config settings (opentelemetry's)
+
+
+class TraceRecord(_Msg):
+    """A sampled request's trace in Triton's JSON (its activity objects, comma-joined),
+    written by the frontend once the response is sent; the scheduler files it."""
+    trace_id: int
+    text: str
+
+
 # ---------------------------------------------------------------- encoding
 _KIND_OF: dict[type[_Msg], Kind] = {
     FrontendHello: Kind.FRONTEND_HELLO,
@@ -527,6 +629,14 @@ _KIND_OF: dict[type[_Msg], Kind] = {
     SpawnWorker: Kind.SPAWN_WORKER,
     StopWorker: Kind.STOP_WORKER,
     WorkerExited: Kind.WORKER_EXITED,
+    GetLogSettings: Kind.GET_LOG_SETTINGS,
+    SetLogSettings: Kind.SET_LOG_SETTINGS,
+    LogSettings: Kind.LOG_SETTINGS,
+    LogSettingsChanged: Kind.LOG_SETTINGS_CHANGED,
+    TraceSettingsRequest: Kind.TRACE_SETTINGS_REQUEST,
+    TraceSettings: Kind.TRACE_SETTINGS,
+    TraceLevels: Kind.TRACE_LEVELS,
+    TraceRecord: Kind.TRACE_RECORD,
 }
 # ReleaseOutputs shares the RELEASE_BLOCKS kind byte on the scheduler -> worker leg.
 _KIND_BYTES = {cls: bytes([k]) for cls, k in _KIND_OF.items()}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
-from services.common.messages import ModelStat
+from services.common.messages import ErrorRecord, LogConfig, ModelStat, TraceUpdate
 from services.dataplane.types import CoreRequest, CoreResponse
 
 
@@ -49,6 +49,37 @@ class DataPlaneAPI(Protocol):
 
     async def shm_unregister(self, kind: str, name: str = "") -> None:
         """One region, or every region of ``kind`` when ``name`` is ""."""
+        ...
+
+    # -- logging extension ------------------------------------------------------------------
+    async def log_settings(self, *, log_info: bool | None = None,
+                           log_warning: bool | None = None, log_error: bool | None = None,
+                           log_verbose_level: int | None = None,
+                           log_format: str | None = None) -> LogConfig:
+        """The scheduler's log settings (every process follows them), after changing the
+        ones given (None: unchanged; checked by the adapter in its protocol's words).
+        Applied whole or not at all."""
+        ...
+
+    # -- trace extension --------------------------------------------------------------------
+    # The settings are the scheduler's (one place: trace_rate and trace_count count the
+    # server's requests). An adapter marks a request as traceable by running it with a
+    # services.common.trace.RequestTrace in trace.CURRENT.
+    trace_on: bool
+    """Some model may be traced now: only then does trace_level() need asking."""
+    trace_mode: str
+    """Triton's trace mode: "triton" (trace files) or "opentelemetry" (spans)."""
+
+    def trace_level(self, model: str) -> int:
+        """The trace level of requests for ``model`` (0: they are not traced)."""
+        ...
+
+    async def trace_settings(self, model: str = "", update: TraceUpdate | None = None,
+                             error: ErrorRecord | None = None) -> list[tuple[str, list[str]]]:
+        """The trace settings of ``model`` ("": the global ones) after ``update`` (None:
+        read only), as Triton lists them: (key, values) pairs. Raises Triton's errors: an
+        unknown model first, then ``error`` (the request's own problem, found by the
+        adapter), then an invalid setting."""
         ...
 
     # -- inference --------------------------------------------------------------------------

@@ -27,13 +27,14 @@ import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
+from services.common import logsettings, transport
 from services.common import messages as m
-from services.common import transport
 from services.common.errors import Code, TriremeError, invalid_arg
 from services.common.shm import SHM_DIR, Arena, SegmentMap, ShmUnavailable, by_owner
 from services.common.shm import domain as shm_domain
 from services.common.states import ModelState
-from services.dataplane.control import ControlCalls, error_from
+from services.dataplane.classification import classify
+from services.dataplane.control import ControlCalls, TraceCalls, error_from
 from services.dataplane.outbox import Outbox
 from services.dataplane.settings import DataPlaneSettings
 from services.dataplane.types import CoreRequest, CoreResponse, OutputTensor
@@ -60,7 +61,7 @@ def _output_region(p: dict[str, Any]) -> m.OutputRegion:
                           p.get("shared_memory_byte_size", 0))
 
 
-class DataPlane(ControlCalls, Outbox):
+class DataPlane(ControlCalls, TraceCalls, Outbox):
     def __init__(self, settings: DataPlaneSettings) -> None:
         self.settings = settings
         self.pid = os.getpid()
@@ -176,10 +177,14 @@ class DataPlane(ControlCalls, Outbox):
                 else:   # not ours (an earlier process's, or answered already): no order slot
                     self._drop(r, frames)
         elif isinstance(msg, (m.ModelInfo, m.Index, m.ControlDone, m.Stats,
-                              m.ShmRegions)):
+                              m.ShmRegions, m.LogSettings, m.TraceSettings)):
             fut = self._pending.pop(msg.ctl_id, None)   # (_call put a Future there)
             if isinstance(fut, asyncio.Future) and not fut.done():
                 fut.set_result(msg)
+        elif isinstance(msg, m.TraceLevels):   # which requests to mark as traceable
+            self._on_trace_levels(msg)
+        elif isinstance(msg, m.LogSettingsChanged):
+            logsettings.apply(msg.settings)
         elif isinstance(msg, m.RepositoryChanged):
             self._generation += 1
             self._scheduler_ready = msg.server_ready
@@ -327,7 +332,9 @@ class DataPlane(ControlCalls, Outbox):
         finally:
             self._pending.pop(req_id, None)
             self._free_inputs(blocks)
-        return self._response(req, version, result, rframes)
+        if result.trace:   # sampled: its trace so far (control.py TraceCalls)
+            self._trace_result(result, rframes)
+        return self._response(req, version, result, rframes, info)
 
     async def infer_stream(self, req: CoreRequest,
                            on_sent: Callable[[], None] | None = None) -> AsyncIterator[CoreResponse]:
@@ -351,7 +358,7 @@ class DataPlane(ControlCalls, Outbox):
                     yield CoreResponse(req.model, str(version), req.id, final=False,
                                        error=error_from(result.error))
                     continue
-                resp = self._response(req, version, result, rframes)
+                resp = self._response(req, version, result, rframes, info)
                 resp.final, resp.empty = final, result.empty
                 yield resp
         finally:
@@ -408,12 +415,14 @@ class DataPlane(ControlCalls, Outbox):
                 if "shared_memory_region" in o.parameters:
                     regions[o.name] = _output_region(o.parameters)
         self._pending[req_id] = waiter
+        # trace: 1 when its adapter traces it, should the scheduler sample it (TraceCalls)
+        trace = self._trace_begin(req, version) if self.trace_on else 0
         self._submit(m.InferRequest(req_id, self.result_addr, req.model, version, refs, outputs,
-                                    req.parameters, batch_size, req.id, regions), frames)
+                                    req.parameters, batch_size, req.id, regions, trace), frames)
         return req_id, blocks
 
     def _response(self, req: CoreRequest, version: int, result: m.InferResult,
-                  rframes: list[Any]) -> CoreResponse:
+                  rframes: list[Any], info: m.ModelInfo | None = None) -> CoreResponse:
         if result.error is not None:
             raise error_from(result.error)
         resp = CoreResponse(req.model, str(version), req.id, parameters=result.parameters, keep=rframes)
@@ -426,7 +435,30 @@ class DataPlane(ControlCalls, Outbox):
                 data = self._segments.view(ref.segment, ref.offset, ref.nbytes)
                 resp.blocks.append((ref.segment, ref.offset))
             resp.outputs.append(OutputTensor(ref.name, ref.datatype, ref.shape, data))
+        if req.outputs and info is not None:
+            self._classify(req, info, resp)
         return resp
+
+    def _classify(self, req: CoreRequest, info: m.ModelInfo, resp: CoreResponse) -> None:
+        """Outputs requested with "classification": k become their top-k entries (BYTES),
+        once here for every protocol (classification.py). A datatype Triton refuses fails
+        the response; its output blocks go back to their worker first."""
+        wanted = {o.name: o.parameters["classification"] for o in req.outputs or ()
+                  if "classification" in o.parameters}
+        if not wanted:
+            return
+        batching = info.max_batch_size > 0
+        for i, out in enumerate(resp.outputs):
+            k = wanted.get(out.name)
+            if k is None:
+                continue
+            try:
+                shape, data = classify(out.datatype, out.shape, out.data, k,
+                                       info.labels.get(out.name, ()), batching)
+            except TriremeError:
+                self.release(resp)
+                raise
+            resp.outputs[i] = OutputTensor(out.name, "BYTES", shape, data)
 
     def _free_inputs(self, blocks: list[Any]) -> None:
         if self._arena is not None:

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 
+from services.common import logsettings
 from services.common.flags import parse_bool
 from services.common.procutil import die_with_parent, set_title, tune_gc
 from services.common.shm import DEFAULT_INLINE_THRESHOLD
@@ -157,8 +158,9 @@ def main(argv: list[str] | None = None) -> int:
                         "reaches the scheduler from)")
     p.add_argument("--parent-pid", type=int, default=0, help=argparse.SUPPRESS)
     add_frontend_args(p)
+    logsettings.add_log_args(p)   # (then the scheduler's settings, from its hello on)
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s frontend %(levelname)s %(message)s")
+    logsettings.configure(logsettings.from_args(args))
     set_title(f"trireme frontend {args.http_port}/{args.grpc_port}")
     if args.parent_pid:
         die_with_parent(args.parent_pid)

@@ -13,7 +13,7 @@ DEFAULT_HTTP_MAX_INPUT_SIZE = 64 * 1024 * 1024
 # Triton's extension list, in Triton's order, restricted to what is implemented.
 EXTENSIONS = ["sequence", "model_repository", "schedule_policy", "model_configuration",
               "system_shared_memory", "cuda_shared_memory", "binary_tensor_data", "parameters",
-              "statistics"]
+              "statistics", "trace", "logging"]
 
 
 @dataclass

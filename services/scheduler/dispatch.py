@@ -36,6 +36,7 @@ class Pending:
     shm_domain: str = ""       # the frontend's shared-memory domain (shm.domain())
     sequence: Any = None       # its sequence.Sequence (models with sequence_batching)
     regions: tuple[str, ...] = ()   # client shared-memory regions it holds until answered
+    trace: Any = None          # a sampled request's trace_settings.OpenTrace
 
 
 @dataclass
@@ -201,6 +202,7 @@ class VersionQueue:
         items = []
         frames: list[Any] = []
         bases: dict[int, int] = {}      # id(frame list) -> its first index in `frames`
+        traced = False
         queued = self._queued
         if queued is not None:
             for p in batch:
@@ -228,8 +230,11 @@ class VersionQueue:
                                      r.batch_size, p.stream, p.order, r.request_id,
                                      bool(p.shm_domain) and p.shm_domain == inst.shm_domain,
                                      r.out_regions))
+            if p.trace is not None:   # sampled: the worker adds its times to the result
+                items[-1].trace = p.trace.head
+                traced = True
         inst.inflight[batch_id] = batch
-        self.send_batch(inst, m.ExecuteBatch(batch_id, items), frames)
+        self.send_batch(inst, m.ExecuteBatch(batch_id, items, traced), frames)
 
     def batch_done(self, inst: Instance, batch_id: int) -> None:
         inst.inflight.pop(batch_id, None)

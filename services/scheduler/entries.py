@@ -3,6 +3,7 @@ version, and the ModelInfo frontends are answered with, rendered from an entry."
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,8 +12,12 @@ from protos import model_config_pb2 as mc
 from services.common import config as cfgmod
 from services.common import messages as m
 from services.common.datatypes import config_to_api
+from services.common.errors import TriremeError
+from services.common.repository import read_labels
 from services.common.states import ModelState
 from services.scheduler.dispatch import Instance, VersionQueue
+
+log = logging.getLogger("trireme.models")
 
 READY, LOADING, UNAVAILABLE, UNLOADING = (ModelState.READY, ModelState.LOADING,
                                           ModelState.UNAVAILABLE, ModelState.UNLOADING)
@@ -66,4 +71,19 @@ def model_info(entry: ModelEntry) -> m.ModelInfo:
         outputs=_io_specs(cfg.output, cfg.max_batch_size),
         config_json=json.dumps(cfgmod.config_to_json(cfg), separators=(",", ":")),
         decoupled=cfg.model_transaction_policy.decoupled,
-        probe_ready=any(i.probe for i in entry.instances))
+        probe_ready=any(i.probe for i in entry.instances),
+        labels=_labels(entry))
+
+
+def _labels(entry: ModelEntry) -> dict[str, list[str]]:
+    """Each output's label_filename lines, for classification outputs (read once: the
+    ModelInfo is cached until the model changes). A file that cannot be read leaves its
+    output without labels."""
+    if entry.path is None or not any(o.label_filename for o in entry.config.output):
+        return {}
+    try:
+        return read_labels(entry.path, entry.config)
+    except TriremeError as e:
+        log.warning("model '%s': %s; its classification outputs carry no labels", entry.name,
+                    e.message)
+        return {}

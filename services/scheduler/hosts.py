@@ -20,8 +20,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from services.common import logsettings, shm
 from services.common import messages as m
-from services.common import shm
 from services.common.errors import Code, TriremeError
 from services.common.supervisor import ProcessHandle
 from services.scheduler.dispatch import Instance
@@ -196,6 +196,7 @@ class Hosts:
                 old.lost()
             host = self.remote[identity] = RemoteHost(identity, msg, self._send, self._worker_args)
             log.info("worker host %s joined", host.describe())
+            self._send(identity, logsettings.changed())
             self._wake()
         elif isinstance(msg, m.WorkerExited):
             host = self.remote.get(identity)

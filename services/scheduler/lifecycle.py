@@ -30,14 +30,7 @@ from protos import model_config_pb2 as mc
 from services.common import config as cfgmod
 from services.common import messages as m
 from services.common import repository as repo
-from services.common.errors import (
-    Code,
-    TriremeError,
-    invalid_arg,
-    not_ready_text,
-    poll_failed_text,
-    unknown_model,
-)
+from services.common.errors import Code, TriremeError, invalid_arg, not_ready_text, poll_failed, unknown_model
 from services.scheduler.dispatch import Instance
 from services.scheduler.ensemble_config import (
     is_decoupled,
@@ -147,7 +140,7 @@ class ModelManager(InstanceRecovery):
         src = self.scan().get(name)
         old = self.models.get(name)
         if old is None or src is None:
-            raise invalid_arg(poll_failed_text(name))
+            raise poll_failed(name)
         # (old.path is the override dir when the model was last loaded from "file:" parameters)
         model_dir = src.path                # new.path, as a Path that is never None
         new = ModelEntry(name, model_dir, fingerprint=repo.fingerprint(src.path))
@@ -467,9 +460,9 @@ def _write_override(name: str, files: dict[str, bytes]) -> Path:
             try:
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 dest.write_bytes(data)
-            except OSError as e:
-                raise TriremeError(Code.INTERNAL, f"failed to load '{name}': cannot write "
-                                                  f"'{key}': {e.strerror}") from None
+            except OSError as e:   # e.g. a name longer than NAME_MAX
+                log.warning("load of '%s': cannot write '%s': %s", name, key, e.strerror)
+                raise poll_failed(name) from None
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)
         raise

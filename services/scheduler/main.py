@@ -24,15 +24,14 @@ from typing import Any
 
 import msgspec
 
+from services.common import logsettings, shm, transport
 from services.common import messages as m
-from services.common import shm, transport
 from services.common.errors import (
     CANCELLED_TEXT,
     Code,
     TriremeError,
-    invalid_arg,
     not_ready_text,
-    poll_failed_text,
+    poll_failed,
     still_loading,
     unknown_model,
 )
@@ -49,6 +48,7 @@ from services.scheduler.sequence import SequenceConfig, SequenceQueue
 from services.scheduler.shm_regions import Registry
 from services.scheduler.state import LoadedModels
 from services.scheduler.stats import StatsRegistry
+from services.scheduler.trace_settings import TraceConfig, TraceManager
 from services.scheduler.worker_side import WorkerSide
 
 log = logging.getLogger("trireme.scheduler")
@@ -92,6 +92,8 @@ class SchedulerSettings:
     """--model-state-file: the models loaded in explicit mode, kept across restarts."""
     allow_client_shm: bool = False
     """--allow-client-shm: clients may register shared-memory regions (shm_regions.py)."""
+    trace: TraceConfig | None = None
+    """--trace-config (and Triton's deprecated --trace-* flags): the start-up trace settings."""
     metrics_config: list[str] = field(default_factory=list)
     """--metrics-config <setting>=<value>, repeatable: Triton's counter_latencies,
     histogram_latencies, summary_latencies, summary_quantiles (metrics_config.py)."""
@@ -116,8 +118,11 @@ class Scheduler(WorkerSide):
                            if settings.local_workers else None,
                            lambda identity, msg: self.wsock.send(identity, m.encode(msg)),
                            settings.worker_args)
-        self.stats = StatsRegistry()
+        self.stats = StatsRegistry.for_settings(settings)
         self.regions = Registry(settings.allow_client_shm)
+        # Triton's trace extension: settings, sampling, trace files (trace_settings.py)
+        self.traces = TraceManager(settings.trace, self._send_frontend, lambda: self.frontends,
+                                   STEP_IDENTITY)
         self.custom_metrics: dict[str, list] = {}   # worker id -> its model's custom families
         self.metrics = Metrics(self.stats, self._ready_versions,
                                lambda: list(self.custom_metrics.values()), self._cluster_metrics)
@@ -209,6 +214,7 @@ class Scheduler(WorkerSide):
         self.fsock.close()
         self.wsock.close()
         self.ssock.close()
+        self.traces.close()   # traces still held go to the trace file
 
     # ------------------------------------------------------------------ frontends
     def _send_frontend(self, identity: bytes, msg: Any, frames: Sequence[Any] = ()) -> None:
@@ -223,6 +229,7 @@ class Scheduler(WorkerSide):
         """Its connection closed: forget it (a frontend that comes back says hello again)."""
         self.frontends.discard(identity)
         self._frontend_domains.pop(identity, None)
+        self.traces.frontend_lost(identity)   # its traces never complete
         route = self._requests_from.pop(identity, None)
         if route is not None and self._routes.get(route[0]) == identity:
             del self._routes[route[0]]
@@ -262,6 +269,11 @@ class Scheduler(WorkerSide):
             reply, forget = self.regions.answer(msg)
             self._forget_regions(forget)
             self._send_frontend(identity, reply)
+        elif isinstance(msg, (m.GetLogSettings, m.SetLogSettings)):
+            settings = logsettings.answer(msg)
+            if isinstance(msg, m.SetLogSettings) and settings.error is None:
+                self._log_settings_changed()   # (before the answer: the asker has them then)
+            self._send_frontend(identity, settings)
         elif isinstance(msg, m.FrontendHello):
             self.frontends.add(identity)
             self._frontend_domains[identity] = msg.shm_domain
@@ -269,6 +281,25 @@ class Scheduler(WorkerSide):
                 self._routes[msg.result_addr] = identity
             self._requests_from[identity] = [msg.result_addr or repr(identity), 0]
             self._send_frontend(identity, m.RepositoryChanged([], self.server_ready()))
+            self._send_frontend(identity, logsettings.changed())
+            self.traces.hello(identity)   # which requests to mark as traceable
+        elif isinstance(msg, m.TraceSettingsRequest):
+            entry = self.models.models.get(msg.model) if msg.model else None
+            self._send_frontend(identity, self.traces.answer(
+                msg, entry is not None and entry.ready_version(0) is not None))
+        elif isinstance(msg, m.TraceRecord):
+            self.traces.record(msg)
+
+    def _log_settings_changed(self) -> None:
+        """Triton's logging extension: every frontend, worker and worker host follows the
+        scheduler's settings (services/common/logsettings.py), from the next message on."""
+        parts = m.encode(logsettings.changed())
+        for identity in list(self.frontends):
+            self.fsock.send(identity, parts)
+        for worker_id in {*self._workers, *self._spawning}:   # (one not connected yet gets
+            self.wsock.send(worker_id.encode(), parts)        # them with its WorkerReady)
+        for host in self.hosts.remote.values():
+            self.wsock.send(host.identity, parts)
 
     def _shares_memory(self, identity: bytes, model: str) -> bool:
         """Whether every instance of ``model`` can map this frontend's segments: then it
@@ -342,6 +373,8 @@ class Scheduler(WorkerSide):
         p = Pending(identity, req, frames, time.monotonic_ns(), stats=vs.queue.stats,
                     shm_domain=self._frontend_domains.get(identity, "")
                     if shm_domain is None else shm_domain, regions=regions)
+        if req.trace:   # its frontend may trace it: sampled here (trace_settings.py)
+            p.trace = self.traces.sample(identity, req, p.arrival_ns)
         try:
             vs.queue.enqueue(p)
         except TriremeError as e:    # the queue is full
@@ -370,7 +403,7 @@ class Scheduler(WorkerSide):
     def _make_queue(self, model: str, version: int, config: Any) -> VersionQueue:
         args = (model, version, BatcherConfig.from_model_config(config, self.delay_count),
                 self._send_batch, self._fail, asyncio.get_running_loop().call_later, self.limiter)
-        stats = self.stats.fresh(model, version)
+        stats = self.stats.fresh(model, version, config)
         if config.HasField("ensemble_scheduling"):
             return EnsembleQueue(model, version, config, step_order(config), self._submit_step,  # type: ignore[return-value]
                                  self._respond, self._fail, self._release_blocks, stats)
@@ -387,6 +420,10 @@ class Scheduler(WorkerSide):
         self._step_queues[req.req_id] = queue
         if self._instance_domains(queue.model, set()) != {shm_domain}:
             shm_domain = ""   # a step's output in shared memory must be mappable by every next one
+        run = queue.runs.get(req.req_id)
+        if run is not None and run[0].p.trace is not None:   # a traced request's step: a child trace
+            req.trace = 1
+            self.traces.expect_child(req.req_id, run[0].p.trace)
         self._infer_one(STEP_IDENTITY, req, frames, shm_domain)
 
     def _on_step_results(self, identity: bytes, parts: list[Any]) -> None:
@@ -399,10 +436,14 @@ class Scheduler(WorkerSide):
         for r in (msg,) if isinstance(msg, m.InferResult) else msg.results:
             # (a decoupled step answers several times: the last has final set)
             queue = (self._step_queues.pop if r.final else self._step_queues.get)(r.req_id, None)
+            if r.trace and r.final:   # a traced step: its part of the trace
+                self.traces.step_done(r)
             if queue is not None:
                 queue.step_result(r, frames)
 
     def _respond(self, p: Pending, result: m.InferResult, frames: list[Any]) -> None:
+        if p.trace is not None and result.final:   # a traced ensemble request's answer
+            self.traces.answered(p.trace, result)
         self._send_frontend(p.frontend, result, frames)
         if result.final:
             self._answered(p)
@@ -432,7 +473,8 @@ class Scheduler(WorkerSide):
     def _fail(self, p: Pending, code: int, message: str, reason: str = "OTHER") -> None:
         p.stats.failed(time.monotonic_ns() - p.arrival_ns, reason)
         self._send_frontend(p.frontend, m.InferResult(
-            p.req.req_id, error=m.ErrorRecord(int(code), message), stream=p.stream, order=p.order))
+            p.req.req_id, error=m.ErrorRecord(int(code), message), stream=p.stream, order=p.order,
+            trace=p.trace.head if p.trace is not None else []))
         self._answered(p)
 
     def _cluster_metrics(self) -> list[str]:
@@ -502,7 +544,7 @@ class Scheduler(WorkerSide):
                         override = config_from_json(msg.config_json)
                     except TriremeError as e:   # Triton's words; why goes to the log
                         log.warning("load of '%s': %s", msg.model, e.message)
-                        raise invalid_arg(poll_failed_text(msg.model)) from None
+                        raise poll_failed(msg.model) from None
                 await self.models.load(msg.model, override, msg.files)
                 self.loaded_models.loaded(msg.model, msg.config_json, msg.files)
             else:

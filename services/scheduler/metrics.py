@@ -1,9 +1,11 @@
 """Prometheus metrics for every model, served by the scheduler on --metrics-port.
 
-Names, types and labels are Triton's (reference/protocol.md §6), so dashboards and alerts
-built for Triton keep working. prometheus_client would expose counters as `<name>_total`
-plus `<name>_created`; Triton exposes the bare name, so the text format is written here.
-The figures are read from the same StatsRegistry the statistics extension answers from.
+Names, types, help texts and labels are Triton's (core/src/metrics.cc, metric_model_reporter
+.cc; reference/protocol.md §6), so dashboards and alerts built for Triton keep working, and
+so is what --metrics-config turns on and off. prometheus_client would expose counters as
+`<name>_total` plus `<name>_created`; Triton exposes the bare name, so the text format is
+written here, families in Triton's order (counters, gauges, histograms, summaries). The
+figures are read from the same StatsRegistry the statistics extension answers from.
 
 Beyond Triton, as its users asked: nv_inference_pending_request_count is always on, and
 nv_inference_batch_size is a histogram of the batch sizes actually executed, so a batcher
@@ -11,11 +13,16 @@ that forms smaller batches than expected shows up on a dashboard.
 """
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable
 
 import msgspec
 from aiohttp import web
 
+from services.scheduler.metrics_config import FIRST_RESPONSE, MetricsOptions
+from services.scheduler.metrics_host import HostMetrics
+from services.scheduler.metrics_latency import SUMMARIES
 from services.scheduler.stats import BATCH_BUCKETS, StatsRegistry, VersionStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -34,9 +41,10 @@ COUNTERS: dict[str, tuple[str, str, Callable[[VersionStats], int] | None]] = {
     "nv_inference_exec_count": (
         "counter", "Number of model executions performed (does not include cached requests)",
         lambda s: s.execution_count),
+    # Triton counts successes only in the request duration (InferenceStatsAggregator)
     "nv_inference_request_duration_us": (
         "counter", "Cumulative inference request duration in microseconds (includes cached requests)",
-        lambda s: (s.success[1] + s.fail[1]) // _US),
+        lambda s: s.success[1] // _US),
     "nv_inference_queue_duration_us": (
         "counter", "Cumulative inference queuing duration in microseconds (includes cached requests)",
         lambda s: s.queue[1] // _US),
@@ -54,6 +62,24 @@ COUNTERS: dict[str, tuple[str, str, Callable[[VersionStats], int] | None]] = {
         "gauge", "Instantaneous number of pending requests awaiting execution per-model.",
         lambda s: s.pending),
 }
+# --metrics-config counter_latencies=false leaves these out
+LATENCY_COUNTERS = frozenset(n for n in COUNTERS if n.endswith("_duration_us"))
+FIRST_RESPONSE_HELP = "Duration from request to first response in milliseconds"
+# (summary family, help) in the order of metrics_latency.SUMMARIES; the compute ones' help
+# texts say "Cumulative" in Triton too.
+SUMMARY_FAMILIES = (
+    ("nv_inference_request_summary_us",
+     "Summary of inference request duration in microseconds (includes cached requests)"),
+    ("nv_inference_queue_summary_us",
+     "Summary of inference queuing duration in microseconds (includes cached requests)"),
+    ("nv_inference_compute_input_summary_us",
+     "Cumulative compute input duration in microseconds (does not include cached requests)"),
+    ("nv_inference_compute_infer_summary_us",
+     "Cumulative compute inference duration in microseconds (does not include cached requests)"),
+    ("nv_inference_compute_output_summary_us",
+     "Cumulative inference compute output duration in microseconds (does not include cached "
+     "requests)"),
+)
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 HISTOGRAM = ("nv_inference_batch_size", "Batch sizes of model executions")
 
@@ -70,38 +96,102 @@ class Metrics:
         self.ready = ready          # () -> sorted [(model, version)] ready now: unloaded drop out
         self.custom = custom        # () -> per worker, its model's MetricFamilyRecords
         self.cluster = cluster      # () -> lines of cluster_families()
+        o = stats.options
+        self.host = HostMetrics(o.cpu, o.gpu, o.interval_ms)
 
-    def render(self) -> str:
-        custom = _custom(self.custom()) + self.cluster()
+    @property
+    def options(self) -> MetricsOptions:
+        return self.stats.options
+
+    def render(self, now_ns: int | None = None) -> str:
+        """The exposition text; ``now_ns`` (monotonic) ends the summaries' windows."""
+        o = self.options
         rows = [(k, self.stats.versions[k]) for k in self.ready() if k in self.stats.versions]
-        if not rows:
-            return "\n".join(custom) + "\n"
-        labels = {key: f'model="{_escape(key[0])}",version="{key[1]}"' for key, _ in rows}
+        labels = {key: _labels(key, s) for key, s in rows}
         out: list[str] = []
-        for family, (kind, text, value) in COUNTERS.items():
+        out += self._model_families(rows, labels, "counter")
+        out += self.host.counters()
+        out += self._model_families(rows, labels, "gauge")
+        out += self.host.gauges()
+        if rows:
+            for _, s in rows:
+                if s.latency is not None:
+                    s.latency.fold()
+            out += self._histograms(rows, labels)
+            if o.summary_latencies:
+                out += _summaries(rows, labels, [q for q, _ in o.quantiles],
+                                  time.monotonic_ns() if now_ns is None else now_ns)
+        return "\n".join(out + _custom(self.custom()) + self.cluster()) + "\n"
+
+    def _model_families(self, rows: list, labels: dict, kind: str) -> list[str]:
+        out: list[str] = []
+        for family, (k, text, value) in COUNTERS.items() if rows else ():
+            if k != kind or (family in LATENCY_COUNTERS and not self.options.counter_latencies):
+                continue
             out += [f"# HELP {family} {text}", f"# TYPE {family} {kind}"]
             for key, s in rows:
                 if value is None:     # failures, one series per reason as Triton
-                    for reason in FAILURE_REASONS:
-                        out.append(f'{family}{{{labels[key]},reason="{reason}"}} '
-                                   f'{s.failures.get(reason, 0)}')
+                    out += [f'{family}{{{labels[key]},reason="{reason}"}} {s.failures.get(reason, 0)}'
+                            for reason in FAILURE_REASONS]
                 else:
                     out.append(f"{family}{{{labels[key]}}} {value(s)}")
+        return out
+
+    def _histograms(self, rows: list, labels: dict) -> list[str]:
+        out: list[str] = []
+        if self.options.histogram_latencies:
+            out += [f"# HELP {FIRST_RESPONSE} {FIRST_RESPONSE_HELP}",
+                    f"# TYPE {FIRST_RESPONSE} histogram"]
+            for key, s in rows:
+                h = s.latency.first if s.latency is not None else None
+                if h is None:
+                    continue
+                lab = labels[key]   # prometheus-cpp's order: count, sum, buckets
+                out += [f"{FIRST_RESPONSE}_count{{{lab}}} {h.count}",
+                        f"{FIRST_RESPONSE}_sum{{{lab}}} {_num(h.sum)}"]
+                bounds = [_num(b) for b in h.bounds.tolist()] + ["+Inf"]
+                out += [f'{FIRST_RESPONSE}_bucket{{{lab},le="{b}"}} {n}'
+                        for b, n in zip(bounds, h.cumulative())]
         name, text = HISTOGRAM
         out += [f"# HELP {name} {text}", f"# TYPE {name} histogram"]
         for key, s in rows:
             out += _histogram(name, labels[key], s)
-        return "\n".join(out + custom) + "\n"
+        return out
 
     async def serve(self, host: str, port: int) -> web.AppRunner:
+        """Serve /metrics; the CPU/GPU poller runs until the returned runner is cleaned up."""
         async def handle(_: web.Request) -> web.Response:
             return web.Response(body=self.render().encode(), headers={"Content-Type": CONTENT_TYPE})
+
+        async def stop_host(_: web.Application) -> None:
+            await self.host.stop()
         app = web.Application()
         app.router.add_get("/metrics", handle)
+        app.on_cleanup.append(stop_host)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, host, port, reuse_port=True).start()
+        self.host.start()
         return runner
+
+
+def _labels(key: tuple[str, int], s: VersionStats) -> str:
+    tags = "".join(f',{k}="{_escape(v)}"' for k, v in s.tags)
+    return f'model="{_escape(key[0])}",version="{key[1]}"{tags}'
+
+
+def _summaries(rows: list, labels: dict, qs: list[float], now_ns: int) -> list[str]:
+    out: list[str] = []
+    for which, (name, text) in zip(SUMMARIES, SUMMARY_FAMILIES):
+        out += [f"# HELP {name} {text}", f"# TYPE {name} summary"]
+        for key, s in rows:
+            if s.latency is None or s.latency.summaries is None:
+                continue
+            sm, lab = s.latency.summaries[which], labels[key]
+            out += [f"{name}_count{{{lab}}} {sm.count}", f"{name}_sum{{{lab}}} {sm.sum}"]
+            out += [f'{name}{{{lab},quantile="{_num(q)}"}} {_num(v)}'
+                    for q, v in zip(qs, sm.quantiles(qs, now_ns))]
+    return out
 
 
 def cluster_families(frontends: dict[str, int], hosts: dict[str, int]) -> list[str]:
@@ -174,4 +264,9 @@ def _custom(per_worker: list[list]) -> list[str]:
 
 
 def _num(v: float) -> str:
-    return str(int(v)) if float(v).is_integer() else repr(float(v))
+    f = float(v)
+    if math.isnan(f):
+        return "NaN"
+    if math.isinf(f):
+        return "+Inf" if f > 0 else "-Inf"
+    return str(int(f)) if f.is_integer() else repr(f)

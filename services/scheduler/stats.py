@@ -5,13 +5,21 @@ The scheduler sees each request arrive, leave the queue and finish (BatchDone), 
 reports each batch's compute_input / compute_infer / compute_output time. As in Triton, every
 request of a batch is charged the whole batch's compute time in inference_stats, while
 batch_stats counts executions per batch size.
+
+The opt-in latency histograms and summaries (--metrics-config histogram_latencies=true,
+summary_latencies=true) cost one struct.pack per request here; metrics_latency.py folds them
+when /metrics is read. Off (the default), they cost one attribute test per batch.
 """
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from services.common import messages as m
+from services.scheduler.metrics_config import FIRST_RESPONSE, MetricsOptions, histogram_buckets, metric_tags
+from services.scheduler.metrics_latency import FOLD_BYTES, RECORD, LatencyRecorder
 
+_pack = RECORD.pack
 # Bucket bounds of the executed-batch-size histogram (Prometheus `le`), +Inf implied.
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -19,9 +27,10 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 class VersionStats:
     __slots__ = ("batcher", "batches", "compute_infer", "compute_input", "compute_output",
                  "execution_count", "fail", "failures", "inference_count", "last_inference_ms",
-                 "queue", "success")
+                 "latency", "queue", "success", "tags")
 
-    def __init__(self) -> None:
+    def __init__(self, latency: LatencyRecorder | None = None,
+                 tags: tuple[tuple[str, str], ...] = ()) -> None:
         self.inference_count = 0
         self.execution_count = 0
         self.last_inference_ms = 0
@@ -35,6 +44,8 @@ class VersionStats:
         self.batches: dict[int, list[int]] = {}     # batch size -> [executions, in_ns, infer_ns, out_ns]
         self.failures: dict[str, int] = {}          # Prometheus failure reason -> requests
         self.batcher = None                         # the version's Batcher (VersionQueue sets it)
+        self.latency = latency                      # histograms / summaries, when enabled
+        self.tags = tags                            # extra labels: the config's metric_tags
 
     @property
     def pending(self) -> int:
@@ -70,9 +81,20 @@ class VersionStats:
         self.compute_infer[1] += cinf * n
         self.compute_output[0] += n
         self.compute_output[1] += cout * n
+        success, queue = self.success, self.queue
+        lat = self.latency
+        if lat is None:
+            for arrival, dispatched in requests:
+                success[1] += now_ns - arrival
+                queue[1] += dispatched - arrival
+            return
+        buf = lat.records   # LatencyRecorder.batch, inlined: this runs per request
         for arrival, dispatched in requests:
-            self.success[1] += now_ns - arrival
-            self.queue[1] += dispatched - arrival
+            success[1] += now_ns - arrival
+            queue[1] += dispatched - arrival
+            buf += _pack(now_ns, arrival, dispatched, cin, cinf, cout)
+        if len(buf) >= FOLD_BYTES:
+            lat.fold()
 
     def completed(self, rows: int, duration_ns: int) -> None:
         """A request answered without an execution of its own: an ensemble's (its steps
@@ -81,6 +103,8 @@ class VersionStats:
         self.inference_count += rows
         self.success[0] += 1
         self.success[1] += duration_ns
+        if self.latency is not None:
+            self.latency.answered(time.monotonic_ns(), duration_ns, True)
 
     def failed(self, duration_ns: int, reason: str) -> None:
         """A request that got an error outside a model execution (rejected at the queue,
@@ -88,6 +112,8 @@ class VersionStats:
         self.fail[0] += 1
         self.fail[1] += duration_ns
         self.failures[reason] = self.failures.get(reason, 0) + 1
+        if self.latency is not None:   # an error is a response: it counts as the first one
+            self.latency.answered(time.monotonic_ns(), duration_ns, False)
 
     def to_message(self, name: str, version: int) -> m.ModelStat:
         d = m.Duration
@@ -102,13 +128,26 @@ class VersionStats:
 class StatsRegistry:
     """The record of each loaded version. A (re)load starts a fresh record, as Triton's new
     model object does; requests still running on the old one update the old record, which
-    they hold a reference to."""
+    they hold a reference to. ``options`` says which latency families are recorded."""
 
-    def __init__(self) -> None:
+    def __init__(self, options: MetricsOptions | None = None) -> None:
+        self.options = options or MetricsOptions()
         self.versions: dict[tuple[str, int], VersionStats] = {}
 
-    def fresh(self, model: str, version: int) -> VersionStats:
-        s = self.versions[(model, version)] = VersionStats()
+    @classmethod
+    def for_settings(cls, settings: Any) -> StatsRegistry:
+        """The registry a scheduler's settings (its --metrics-* flags) ask for."""
+        return cls(MetricsOptions.from_settings(settings))
+
+    def fresh(self, model: str, version: int, config: Any = None) -> VersionStats:
+        """A new record for a version being loaded with ``config`` (its model_metrics
+        histogram buckets and metric_tags labels)."""
+        o = self.options
+        latency = None
+        if o.histogram_latencies or o.summary_latencies:
+            bounds = histogram_buckets(config, model)[FIRST_RESPONSE] if o.histogram_latencies else None
+            latency = LatencyRecorder(bounds, o.summary_latencies)
+        s = self.versions[(model, version)] = VersionStats(latency, metric_tags(config))
         return s
 
     def get(self, model: str, version: int) -> VersionStats:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from services.common import logsettings
 from services.common import messages as m
 from services.common.errors import Code, TriremeError
 from services.scheduler.dispatch import Instance
@@ -110,6 +111,7 @@ class WorkerSide:
             if fut is not None and not fut.done():
                 fut.set_result(msg)
         elif isinstance(msg, m.WorkerReady):
+            self.wsock.send(identity, m.encode(logsettings.changed()))   # before its LoadModel
             futs = self._spawning.get(msg.worker_id)
             if futs and not futs[0].done():
                 futs[0].set_result(msg)

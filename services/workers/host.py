@@ -21,8 +21,8 @@ import signal
 import socket
 import sys
 
+from services.common import logsettings, shm, transport
 from services.common import messages as m
-from services.common import shm, transport
 from services.common.procutil import set_title
 from services.common.supervisor import ProcessHandle
 
@@ -85,6 +85,8 @@ class WorkerHost:
         loop = asyncio.get_running_loop()
         if isinstance(msg, m.SpawnWorker):
             loop.create_task(self._spawn(msg))
+        elif isinstance(msg, m.LogSettingsChanged):   # (its workers inherit them)
+            logsettings.apply(msg.settings)
         elif isinstance(msg, m.StopWorker):
             if not msg.worker_id:   # the scheduler does not know us (any more)
                 loop.create_task(self._reintroduce())
@@ -158,8 +160,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="run KIND_CPU instances (the default when --gpus is not given)")
     p.add_argument("--no-shm", action="store_true",
                    help="workers send every tensor inline (normally decided at run time)")
+    logsettings.add_log_args(p)   # (then the scheduler's: it says when they change)
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s host %(levelname)s %(message)s")
+    logsettings.configure(logsettings.from_args(args))
     set_title(f"trireme workers {args.name}")
     host = WorkerHost(args.scheduler, args.name, args.gpus, args.cpu or not args.gpus,
                       ["--no-shm"] if args.no_shm else [])

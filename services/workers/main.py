@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from services.common import logsettings, shm, transport
 from services.common import messages as m
-from services.common import shm, transport
 from services.common.client_shm import RegionMap, output_too_small
 from services.common.datatypes import (
     datatype_of,
@@ -36,6 +36,7 @@ from services.common.datatypes import (
 from services.common.errors import Code, TriremeError, load_failed_text
 from services.common.procutil import die_with_parent, set_title, tune_gc
 from services.common.shm import DEFAULT_INLINE_THRESHOLD, Arena, SegmentMap, ShmUnavailable
+from services.common.trace import stamp_results
 from services.workers.batch_io import BatchIO
 from services.workers.results import ResultSender
 from services.workers.sequence import SequenceIO
@@ -106,6 +107,8 @@ class Worker(ResultSender):
                 self.probe(msg)
             elif isinstance(msg, m.LoadModel):
                 self.load(msg)
+            elif isinstance(msg, m.LogSettingsChanged):
+                logsettings.apply(msg.settings)
             elif isinstance(msg, m.Shutdown):
                 self.running = False
 
@@ -207,6 +210,8 @@ class Worker(ResultSender):
                 self._add_error(replies, it, e)
             failed = len(items)
             waiting = []
+        if batch.traced:   # sampled requests: their results carry the COMPUTE_* times
+            stamp_results(items, replies, (t0, times[0], times[1], time.perf_counter_ns()))
         # Nothing is sent before the batch's fate is known, so each request gets one answer.
         with self.lock:
             self._flush(replies)
@@ -294,6 +299,8 @@ class Worker(ResultSender):
             self._add_error(replies, item, error, final)
         else:
             self._add_result(replies, item, _chosen(item, outputs or {}), final, outputs is None)
+        if final and item.trace:   # a sampled request: its trace goes on (without COMPUTE_*)
+            stamp_results((item,), replies, ())
         with self.lock:
             self._flush(replies)
             if final:
@@ -400,8 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--inline-threshold", type=int, default=DEFAULT_INLINE_THRESHOLD)
     p.add_argument("--parent-pid", type=int, default=0, help="exit when this process exits")
     p.add_argument("--no-shm", action="store_true", help="send every tensor inline (no shared host)")
+    logsettings.add_log_args(p)   # (defaults: the settings of the process that started it)
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
+    logsettings.configure(logsettings.from_args(args))
     set_title(f"trireme worker {args.worker_id}")
     if args.parent_pid:
         die_with_parent(args.parent_pid)

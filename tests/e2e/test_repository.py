@@ -341,13 +341,13 @@ def test_explicit_mode(explicit_server):
         identity_infer(grpc)
 
         # a model that is not in the repository; a config override that does not parse
-        # (Triton's simple_http_model_control sends both): Triton's text, 400 not its 500
+        # (Triton's simple_http_model_control sends both): Triton's text and code
         e = http_error(http.load_model, "nope")
-        assert e.status() == "400"
+        assert e.status() == "500"
         assert e.message() == "failed to load 'nope', failed to poll from model repository"
         e = http_error(http.load_model, "add_sub",
                        config='"parameters": {"config": {{"max_batch_size": "16"}}}')
-        assert e.status() == "400"
+        assert e.status() == "500"
         assert e.message() == "failed to load 'add_sub', failed to poll from model repository"
         assert http.is_model_ready("add_sub")     # the loaded version keeps serving
     finally:

@@ -28,7 +28,9 @@ from services.common.errors import REPOSITORY_NAME_UNSUPPORTED, Code, TriremeErr
 from services.dataplane.api import DataPlaneAPI
 from services.frontend import stats_codec, tls
 from services.frontend.grpc import codec
+from services.frontend.grpc.log_methods import LogRpcs
 from services.frontend.grpc.shm_methods import SharedMemoryRpcs
+from services.frontend.grpc.trace_methods import TraceRpcs, traced_model_infer
 from services.frontend.restricted import GRPC_METHOD_GROUPS, Restriction, grpc_refusal_text
 from services.frontend.settings import FrontendSettings
 
@@ -98,13 +100,15 @@ def _identity(data: bytes) -> bytes:
     return data
 
 
-class GrpcService(SharedMemoryRpcs):
+class GrpcService(SharedMemoryRpcs, LogRpcs, TraceRpcs):
     """One coroutine per RPC of inference.GRPCInferenceService, over the data plane `dp`
-    (the shared-memory RPCs: grpc/shm_methods.py)."""
+    (the shared-memory RPCs: grpc/shm_methods.py; LogSettings: grpc/log_methods.py;
+    TraceSetting and the traced ModelInfer: grpc/trace_methods.py)."""
 
     def __init__(self, dp: DataPlaneAPI, settings: FrontendSettings) -> None:
         self._dp = dp
         self._settings = settings
+        self.ModelInfer = traced_model_infer(self.ModelInfer, dp)  # type: ignore[method-assign]
 
     # -- health and metadata --------------------------------------------------------------
     async def ServerLive(self, request: pb.ServerLiveRequest, context) -> pb.ServerLiveResponse:

@@ -18,18 +18,21 @@ import zlib
 from typing import Any
 
 import msgspec
+import numpy as np
 import orjson
 
 from services.common.datatypes import (
     buffer_to_json_array,
     config_to_api,
     element_size,
+    json_send_refused_text,
     json_to_buffer,
     numbers_to_buffer,
 )
 from services.common.errors import TriremeError, internal, invalid_arg
 from services.dataplane.types import CoreRequest, CoreResponse, InputTensor, RequestedOutput
 from services.frontend.http.json_body import MAX_DATA_NESTING, check_nesting, decode_json, json_object
+from services.frontend.http.params import check_request_params
 
 __all__ = [
     "compress",
@@ -45,10 +48,13 @@ __all__ = [
 _encode_response = functools.partial(orjson.dumps, option=orjson.OPT_SERIALIZE_NUMPY)
 _U32 = struct.Struct("<I")
 _SHM_KEYS = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
+_UINT64_MAX = 2**64 - 1
+_NOT_UINT = "attempt to access JSON non-unsigned-integer as unsigned-integer"
 
 
 def _uint(value: Any) -> bool:
-    return type(value) is int and value >= 0
+    """TritonJson's AsUInt: a JSON integer in [0, 2**64 - 1]."""
+    return type(value) is int and 0 <= value < 1 << 64
 
 
 # ---- inference requests ----------------------------------------------------------------
@@ -114,12 +120,11 @@ def decode_infer_request(model: str, version: str, body: Any,
         params = {}
     elif type(params) is not dict:
         raise invalid_arg("Unable to parse 'parameters': expected a JSON object")
-    elif "binary_data_output" in params:
-        # Consumed here as Triton does: a wire setting, not a parameter for the model.
-        bdo = params.pop("binary_data_output")
-        if type(bdo) is not bool:
-            raise invalid_arg("Unable to parse 'binary_data_output': expected a boolean")
-        binary_default = bdo
+    elif params:
+        check_request_params(params)     # Triton's types, its reserved 'triton_' keys
+        if "binary_data_output" in params:
+            # Consumed here as Triton does: a wire setting, not a parameter for the model.
+            binary_default = params.pop("binary_data_output")
 
     inputs_json = doc.get("inputs")
     if type(inputs_json) is not list:
@@ -158,10 +163,10 @@ def _decode_json_request(model: str, version: str,
     binary_default = False
     if params is None:
         params = {}
-    elif "binary_data_output" in params:
-        binary_default = params.pop("binary_data_output")
-        if type(binary_default) is not bool:
-            return None
+    elif params:
+        check_request_params(params)     # (its errors are the generic path's too)
+        if "binary_data_output" in params:
+            binary_default = params.pop("binary_data_output")
     inputs: list[InputTensor] = []
     try:
         for item in doc.inputs:
@@ -211,10 +216,14 @@ def _decode_input(model: str, item: Any, mv: memoryview, offset: int, end: int,
     datatype = item.get("datatype")
     if type(datatype) is not str:
         raise invalid_arg(f"Unable to parse 'datatype' of input '{name}': expected a string")
-    shape = item.get("shape")
-    if type(shape) is not list or not all(_uint(d) for d in shape):
-        raise invalid_arg(f"Unable to parse 'shape' of input '{name}': expected an array "
-                          f"of non-negative integers")
+    shape = item.get("shape")   # TritonJson's words (Triton: 500; the client's mistake: 400)
+    if type(shape) is not list:
+        raise invalid_arg("Unable to parse 'shape': " + (
+            "attempt to access non-existing object member 'shape'" if shape is None
+            else "attempt to access JSON non-array as array"))
+    if not all(_uint(d) for d in shape):
+        raise invalid_arg("Unable to parse 'shape': attempt to access JSON "
+                          "non-unsigned-integer as unsigned-integer")
 
     if has_binary:
         size = params["binary_data_size"]
@@ -233,7 +242,7 @@ def _decode_input(model: str, item: Any, mv: memoryview, offset: int, end: int,
             if key in params and not _uint(params[key]):
                 raise invalid_arg(f"Unable to parse '{key}': expected a non-negative integer")
         return InputTensor(name, datatype, shape, None, params), offset
-    # JSON data. Differs from Triton: FP16/BF16 are accepted here (Triton refuses them).
+    # JSON data, read by Triton's rules (datatypes.json_to_buffer: FP16/BF16 refused)
     data = item["data"]
     if nesting and type(data) is list:
         check_nesting(data, datatype)
@@ -264,6 +273,14 @@ def _decode_output(item: Any) -> RequestedOutput:
         if binary:
             raise invalid_arg("Output can't set both 'shared_memory_region' and "
                               "'binary_data'")
+    if "classification" in params:  # CheckClassificationOutput
+        k = params["classification"]
+        if not _uint(k) or k > _UINT64_MAX:
+            raise invalid_arg(f"Unable to set 'classification': {_NOT_UINT}")
+        # Triton keeps k as a uint32: a count whose low 32 bits are 0 asks for nothing
+        params = {**params, "classification": k & 0xFFFFFFFF}
+        if not params["classification"]:
+            del params["classification"]
     return RequestedOutput(name, params)
 
 
@@ -333,6 +350,7 @@ def encode_infer_response(resp: CoreResponse, req: CoreRequest,
     default = _BINARY if binary_default else _JSON
     outputs = []
     parts: list[Any] = []
+    non_finite = False
     for o in resp.outputs:
         kind = default if kinds is None else kinds.get(o.name, default)
         entry: dict[str, Any] = {"name": o.name, "datatype": o.datatype, "shape": o.shape}
@@ -346,7 +364,10 @@ def encode_infer_response(resp: CoreResponse, req: CoreRequest,
             if o.parameters:
                 entry["parameters"] = o.parameters
             if kind == _JSON:
-                entry["data"] = _output_json(o.name, o.datatype, o.shape, o.data)
+                data = entry["data"] = _output_json(o.name, o.datatype, o.shape, o.data)
+                if type(data) is np.ndarray and data.dtype.kind == "f" and \
+                        not np.isfinite(data).all():
+                    non_finite = True
         outputs.append(entry)
     doc: dict[str, Any] = {}
     rid = resp.id or req.id
@@ -357,14 +378,41 @@ def encode_infer_response(resp: CoreResponse, req: CoreRequest,
     if resp.parameters:
         doc["parameters"] = resp.parameters
     doc["outputs"] = outputs
-    header = _encode_response(doc)
+    header = _encode_response(doc) if not non_finite else _encode_non_finite(doc)
     if not parts:  # Triton: no binary bytes -> plain JSON, no header-length header
         return header, None
     return b"".join([header, *parts]), len(header)
 
 
+def _encode_non_finite(doc: dict[str, Any]) -> bytes:
+    """The response JSON when a float output holds NaN or an infinity: written as Triton's
+    rapidjson writes them (NaN, Infinity, -Infinity; Python's json and tritonclient read
+    them), where orjson would write null. "outputs" is the document's last member and
+    "data" each output's, so the array text goes in place of the empty ones."""
+    outputs = doc["outputs"]
+    texts = []
+    for entry in outputs:
+        data = entry.get("data")
+        if type(data) is not np.ndarray or data.dtype.kind != "f" or np.isfinite(data).all():
+            texts.append(_encode_response(entry))
+            continue
+        head = _encode_response({k: v for k, v in entry.items() if k != "data"})
+        # orjson writes each non-finite value as null, and nothing else in a float array is
+        pieces = _encode_response(data).split(b"null")
+        bad = data[~np.isfinite(data)]
+        tokens = [b"NaN" if v != v else b"Infinity" if v > 0 else b"-Infinity"
+                  for v in bad.tolist()]
+        body = [pieces[0]]
+        for token, piece in zip(tokens, pieces[1:]):
+            body += (token, piece)
+        texts.append(b"".join([head[:-1], b',"data":', *body, b"}"]))
+    header = _encode_response({**doc, "outputs": []})
+    return b"".join([header[:-3], b"[", b",".join(texts), b"]}"])
+
+
 def _output_json(name: str, datatype: str, shape: list[int], data: Any) -> Any:
-    # Differs from Triton: FP16/BF16 outputs are written as JSON numbers, not refused.
+    if datatype in ("FP16", "BF16"):   # Triton's WriteDataToJson: binary only
+        raise invalid_arg(json_send_refused_text(datatype))
     try:
         return buffer_to_json_array(datatype, shape, data)
     except TriremeError as e:  # the backend's fault, not the client's

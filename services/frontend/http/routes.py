@@ -30,8 +30,10 @@ from services.dataplane.api import DataPlaneAPI
 from services.frontend import stats_codec, tls
 from services.frontend.http import codec, json_body
 from services.frontend.http.generate import Generate
+from services.frontend.http.logging_routes import LOGGING_PATH, LoggingRoute
 from services.frontend.http.message import BodyError, BodyTooLarge, Reply
 from services.frontend.http.shm_routes import SHM_PREFIXES, SHM_RE, SharedMemoryRoutes
+from services.frontend.http.trace_routes import TRACE_PATH, TraceRoutes
 from services.frontend.restricted import Restriction, http_group, http_refusal_text
 from services.frontend.settings import FrontendSettings
 
@@ -61,8 +63,8 @@ _BINARY = "application/octet-stream"
 _HEADER_LENGTH = "Inference-Header-Content-Length"
 
 # Triton's routing regexes (FullMatch); "/v2/models/stats" is an exact path, matched first.
-# Kinds without a handler yet answer 404: model trace/setting, /v2/logging,
-# /v2/trace/setting. The shared-memory paths: http/shm_routes.py (SHM_RE).
+# The shared-memory paths: http/shm_routes.py (SHM_RE); /v2/logging:
+# http/logging_routes.py; /v2/trace/setting and model trace/setting: http/trace_routes.py.
 _MODEL_RE = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?"
                        r"(?:/(infer|generate|generate_stream|ready|config|stats|trace/setting))?")
 _REPOSITORY_RE = re.compile(r"/v2/repository(?:/([^/]+))?/(index|models/([^/]+)/(load|unload))")
@@ -122,6 +124,11 @@ class Handlers:
         }
         self._generate = Generate(dp, self._body)
         self._shm = SharedMemoryRoutes(dp, self.limit)
+        self._exact[LOGGING_PATH] = LoggingRoute(dp, self.limit).handle
+        trace = TraceRoutes(dp, self.limit)   # the trace extension, and infer traced
+        self._exact[TRACE_PATH] = trace.handle
+        self._model_kinds["trace/setting"] = trace.handle_model
+        self.infer = self._model_kinds["infer"] = trace.traced(self.infer)  # type: ignore[method-assign]
         restricted = settings.restricted.http
         if restricted:
             # group -> (header, value, the 403 Triton answers without them), built once

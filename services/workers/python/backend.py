@@ -318,7 +318,7 @@ def _outputs_or_error(resp: Any) -> dict[str, np.ndarray] | TriremeError:
     if resp.has_error():
         e = resp.error()
         return TriremeError(e.code(), e.message())
-    return {t.name(): t.as_numpy() for t in resp.output_tensors()}
+    return {t.name(): t._numpy() for t in resp.output_tensors()}
 
 
 def _sender(index: int, reply: Reply) -> Callable[[Any, bool], None]:

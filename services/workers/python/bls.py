@@ -35,7 +35,7 @@ _END = object()
 def _core_request(req: pb_utils.InferenceRequest) -> CoreRequest:
     inputs = []
     for t in req.inputs():
-        arr = t.as_numpy()
+        arr = t._numpy()
         datatype = t.datatype()
         if datatype == "BYTES":
             data: Any = serialize_bytes_tensor(arr)

@@ -20,6 +20,7 @@ import numpy as np
 
 from services.common import datatypes as dt
 from services.common.errors import expects_datatype_text
+from services.workers.python import dlpack as _dlpack
 
 # --------------------------------------------------------------------------- constants
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
@@ -71,6 +72,10 @@ class TritonModelException(Exception):
 
 # ------------------------------------------------------------------------------ tensors
 class Tensor:
+    """A named numpy array. BF16 tensors hold an ml_dtypes.bfloat16 array, which as
+    Triton's Python backend does they hand out through DLPack only (as_numpy() refuses
+    them with Triton's text; torch.from_dlpack(t.to_dlpack()) is a torch.bfloat16 tensor)."""
+
     def __init__(self, name: str, array: Any, *_: Any) -> None:
         if not isinstance(array, np.ndarray):
             raise TritonModelException(
@@ -83,6 +88,13 @@ class Tensor:
         return self._name
 
     def as_numpy(self) -> np.ndarray:
+        if self._array.dtype == _dlpack.BF16:
+            raise TritonModelException("Tensor dtype is BF16 and cannot be converted to NumPy. "
+                                       "Use to_dlpack() and from_dlpack() instead.")
+        return self._array
+
+    def _numpy(self) -> np.ndarray:
+        """The array whatever its dtype: the worker's own use (BF16 included)."""
         return self._array
 
     def triton_dtype(self) -> int:
@@ -99,13 +111,28 @@ class Tensor:
 
     def to_dlpack(self) -> Any:
         arr = self._array
+        if arr.dtype == object:
+            raise TritonModelException("DLPack does not have support for string tensors.")
         if not arr.flags.writeable:   # DLPack cannot say "read-only": hand out a copy
             arr = arr.copy()
-        return arr.__dlpack__()
+        return _dlpack.to_capsule(arr)
+
+    def __dlpack__(self, stream: Any = None, **_: Any) -> Any:
+        return self.to_dlpack()
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)   # kDLCPU, device 0
 
     @staticmethod
     def from_dlpack(name: str, capsule: Any) -> Tensor:
-        return Tensor(name, np.from_dlpack(capsule))
+        """A tensor on the memory of a DLPack capsule, or of an object with __dlpack__ and
+        __dlpack_device__ (a torch tensor: torch.bfloat16 becomes BF16), without a copy."""
+        if name == "":
+            raise TritonModelException("Tensor name cannot be an empty string.")
+        try:
+            return Tensor(name, _dlpack.from_object(capsule))
+        except _dlpack.DLPackError as e:
+            raise TritonModelException(str(e)) from None
 
     def __repr__(self) -> str:
         return f"Tensor({self._name!r}, {self.datatype()}, {self.shape()})"

@@ -156,11 +156,22 @@ def test_request_field_errors(doc, text):
     assert text in _raises(codec.decode_infer_request, "m", "", json.dumps(doc).encode())
 
 
-def test_json_data_errors_come_from_datatypes():
-    doc = {"inputs": [{"name": "A", "datatype": "INT32", "shape": [2], "data": [1, "x"]}]}
-    assert "'A'" in _raises(codec.decode_infer_request, "m", "", json.dumps(doc).encode())
-    doc = {"inputs": [{"name": "A", "datatype": "INT32", "shape": [3], "data": [1, 2]}]}
-    assert "'A'" in _raises(codec.decode_infer_request, "m", "", json.dumps(doc).encode())
+def test_json_data_errors_are_tritons():
+    """ReadDataFromJson's texts (datatypes.json_to_buffer), through the typed fast path and
+    the generic one alike."""
+    for data, shape, text in (
+            ([1, "x"], [2], "Unable to parse 'data': attempt to access JSON non-signed-integer "
+                            "as signed-integer"),
+            ([1, 2], [3], "Unable to parse 'data': Shape does not match true shape of 'data' "
+                          "field"),
+            (5, [1], "Unable to parse 'data': attempt to access JSON non-array as array")):
+        doc = {"inputs": [{"name": "A", "datatype": "INT32", "shape": shape, "data": data}]}
+        assert _raises(codec.decode_infer_request, "m", "", json.dumps(doc).encode()) == text
+    for datatype in ("FP16", "BF16"):
+        doc = {"inputs": [{"name": "A", "datatype": datatype, "shape": [2], "data": [1, 2]}]}
+        assert _raises(codec.decode_infer_request, "m", "", json.dumps(doc).encode()) == (
+            f"receiving {datatype} data via JSON is not supported. Please use the binary "
+            f"data format for input A")
 
 
 def test_shared_memory_input_passes_through():
@@ -276,11 +287,11 @@ def test_output_binary_data_rules(requested, binary_default, binary):
 
 
 @pytest.mark.parametrize("datatype", ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8",
-                                      "INT16", "INT32", "INT64", "FP16", "FP32", "FP64", "BF16"])
+                                      "INT16", "INT32", "INT64", "FP32", "FP64"])
 def test_json_output_numbers_are_written_as_doubles(datatype):
     """Every value of a JSON output reads back as the tensor's value widened to a double
-    (what Triton writes), extremes and unaligned bytes included; NaN and infinities, which
-    JSON cannot hold, are null."""
+    (what Triton writes), extremes and unaligned bytes included; NaN and infinities are
+    written as Triton's rapidjson writes them (NaN, Infinity, -Infinity)."""
     from services.common.datatypes import numpy_dtype
     dtype = numpy_dtype(datatype)
     if datatype == "BOOL":
@@ -298,11 +309,25 @@ def test_json_output_numbers_are_written_as_doubles(datatype):
     resp = CoreResponse("m", "1", outputs=[OutputTensor("O", datatype, [arr.size], raw)])
     body, n = codec.encode_infer_response(resp, CoreRequest("m"), False)
     got = json.loads(body)["outputs"][0]["data"]
-    want = [None if isinstance(v, float) and not math.isfinite(v) else v
-            for v in (arr.astype(np.float64) if dtype.kind == "f" or datatype == "BF16"
-                      else arr).tolist()]
-    assert got == want
+    want = (arr.astype(np.float64) if dtype.kind == "f" else arr).tolist()
+    assert [("nan" if isinstance(v, float) and math.isnan(v) else v) for v in got] == \
+        [("nan" if isinstance(v, float) and math.isnan(v) else v) for v in want]
     assert all(type(g) is type(w) for g, w in zip(got, want))
+    if dtype.kind == "f":
+        assert b'"data":[0.1' in body and b",NaN," in body
+        assert b",Infinity,-Infinity," in body
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "BF16"])
+def test_json_output_of_fp16_and_bf16_is_refused(datatype):
+    resp = CoreResponse("m", "1", outputs=[OutputTensor("O", datatype, [1], b"\0\0")])
+    with pytest.raises(TriremeError) as e:
+        codec.encode_infer_response(resp, CoreRequest("m"), False)
+    assert (e.value.code, e.value.message) == (Code.INVALID_ARG, (
+        f"sending {datatype} data via JSON is not supported. Please use the binary data "
+        f"format for output"))
+    body, n = codec.encode_infer_response(resp, CoreRequest("m"), True)   # binary: fine
+    assert body[n:] == b"\0\0"
 
 
 def test_empty_binary_output_is_plain_json():
