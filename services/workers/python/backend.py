@@ -39,7 +39,7 @@ from services.common.repository import model_file
 from services.common.shm import DEFAULT_INLINE_THRESHOLD
 from services.workers.backends.base import BackendBase
 from services.workers.backends.common import all_params
-from services.workers.python import pb_utils
+from services.workers.python import pb_metrics, pb_utils
 from services.workers.python.cancel import Cancels
 
 log = logging.getLogger("trireme.python")
@@ -203,7 +203,7 @@ class PythonBackend(BackendBase):
 
     def take_metrics(self) -> list | None:
         """The model's custom metrics (pb_utils.MetricFamily), when they changed."""
-        return pb_utils._take_metrics()
+        return pb_metrics.take_metrics()
 
     # ---------------------------------------------------------------------------- execute
     def execute_requests(self, items: list[Any], inputs: list[dict[str, np.ndarray]],
