@@ -79,7 +79,7 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
     # and worker follows (services/common/logsettings.py)
     logsettings.add_log_args(p)
     # ---- tracing: Triton's --trace-config (and its deprecated --trace-* flags)
-    from services.scheduler.trace_settings import add_trace_args
+    from services.scheduler.trace_config import add_trace_args
     add_trace_args(p)
 
 
@@ -125,7 +125,7 @@ def _secs(v: str) -> float:
 
 def _trace_config(args: argparse.Namespace):
     """The start-up trace settings; a bad value stops the server with Triton's text."""
-    from services.scheduler.trace_settings import TraceConfigError, config_from_args
+    from services.scheduler.trace_config import TraceConfigError, config_from_args
     try:
         return config_from_args(args)
     except TraceConfigError as e:

@@ -48,7 +48,8 @@ from services.scheduler.sequence import SequenceConfig, SequenceQueue
 from services.scheduler.shm_regions import Registry
 from services.scheduler.state import LoadedModels
 from services.scheduler.stats import StatsRegistry
-from services.scheduler.trace_settings import TraceConfig, TraceManager
+from services.scheduler.trace_config import TraceConfig
+from services.scheduler.trace_settings import TraceManager
 from services.scheduler.worker_side import WorkerSide
 
 log = logging.getLogger("trireme.scheduler")

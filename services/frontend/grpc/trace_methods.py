@@ -17,7 +17,7 @@ from typing import Any
 
 from protos import grpc_service_pb2 as pb
 from services.common import messages as m
-from services.common.errors import Code, TriremeError, invalid_arg
+from services.common.errors import TriremeError, invalid_arg
 from services.dataplane.api import DataPlaneAPI
 from services.frontend import trace
 
@@ -93,8 +93,6 @@ class TraceRpcs:
 
     async def TraceSetting(self, request: pb.TraceSettingRequest,
                            context: Any) -> pb.TraceSettingResponse:
-        if not hasattr(self._dp, "trace_settings"):   # a data plane without the extension
-            raise TriremeError(Code.UNSUPPORTED, "'TraceSetting' is not implemented")
         update = error = None
         try:
             update = update_from_proto(request)

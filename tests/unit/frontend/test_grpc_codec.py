@@ -434,6 +434,9 @@ def test_status_table():
 class FakeDataPlane:
     """Echoes INPUT0 as OUTPUT0; model 'nope' is unknown; 'slow' answers after `gate`."""
 
+    async def trace_settings(self, model: str = "", update=None, error=None):
+        return [("trace_level", ["OFF"])]
+
     def __init__(self) -> None:
         self.released = 0
         self.gate = asyncio.Event()            # opens the 'slow' model
@@ -543,9 +546,8 @@ def test_service_unary_rpcs(impl):
         await unload(pb.RepositoryModelUnloadRequest(model_name="m"))
         assert dp.calls == [("unload", "m", {"unload_dependents": False})]
         trace = method(ch, "TraceSetting", pb.TraceSettingRequest, pb.TraceSettingResponse)
-        with pytest.raises(grpc.aio.AioRpcError) as info:
-            await trace(pb.TraceSettingRequest())
-        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        got = await trace(pb.TraceSettingRequest())
+        assert list(got.settings["trace_level"].value) == ["OFF"]
         health = ch.unary_unary("/grpc.health.v1.Health/Check")
         assert await health(b"") == b"\x08\x01"
         assert dp.released == 2

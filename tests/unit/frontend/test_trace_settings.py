@@ -27,7 +27,8 @@ from services.frontend.http.message import BodyTooLarge
 from services.frontend.http.trace_routes import decode_update, encode_settings
 from services.frontend.restricted import Restrictions
 from services.frontend.settings import EXTENSIONS, FrontendSettings
-from services.scheduler.trace_settings import TraceConfig, TraceManager
+from services.scheduler.trace_config import TraceConfig
+from services.scheduler.trace_settings import TraceManager
 from tests.unit.frontend.test_shm_routes import Request, ask, handlers, serving
 
 FILE = "/tmp/tt/trace.json"   # never written: nothing is traced here

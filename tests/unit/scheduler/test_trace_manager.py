@@ -27,13 +27,8 @@ from services.common.trace import (
     stoi,
     tensor_object,
 )
-from services.scheduler.trace_settings import (
-    TraceConfig,
-    TraceConfigError,
-    TraceManager,
-    add_trace_args,
-    config_from_args,
-)
+from services.scheduler.trace_config import TraceConfig, TraceConfigError, add_trace_args, config_from_args
+from services.scheduler.trace_settings import TraceManager
 
 STEPS = b"steps"
 
