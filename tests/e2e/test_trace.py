@@ -361,8 +361,7 @@ def test_opentelemetry_spans(repo):
                           "--trace-config", "level=TIMESTAMPS", "--trace-config", "rate=3",
                           "--trace-config", f"opentelemetry,url={collector.url}",
                           "--trace-config", "opentelemetry,resource=test.key=test.value",
-                          "--trace-config", "opentelemetry,bsp_schedule_delay=50",
-                          "--grpc-impl", "aio") as srv:
+                          "--trace-config", "opentelemetry,bsp_schedule_delay=50") as srv:
             c = httpclient.InferenceServerClient(srv.http_url)
             g = grpcclient.InferenceServerClient(srv.grpc_url)
             try:

@@ -59,6 +59,20 @@ class _Context:
 
 CONTEXT = _Context()
 
+# Request metadata handed to handlers: the W3C trace context only (tracing propagates it);
+# a call without it shares CONTEXT, so the common path allocates nothing.
+_TRACE_HEADERS = frozenset((b"traceparent", b"tracestate"))
+
+
+class _MetaContext(_Context):
+    __slots__ = ("_metadata",)
+
+    def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        self._metadata = metadata
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
 
 def _percent_encode(text: str) -> bytes:
     raw = text.encode("utf-8")
@@ -81,6 +95,7 @@ class _Call:
     __slots__ = (
         "body",
         "conn",
+        "context",
         "encoding",
         "failed",
         "flag",
@@ -96,8 +111,9 @@ class _Call:
     )
 
     def __init__(self, server: NativeGrpcServer, conn: H2Connection, sid: int, method: Any,
-                 encoding: bytes) -> None:
+                 encoding: bytes, context: _Context = CONTEXT) -> None:
         self.server, self.conn, self.sid, self.method = server, conn, sid, method
+        self.context = context
         self.encoding = encoding
         self.head = bytearray()               # a message prefix split between pieces
         self.body: bytearray | None = None    # a message being gathered, as long as received
@@ -269,7 +285,7 @@ class _Call:
             raise RpcAbort(_DECODE_STATUS.get(e.code, INTERNAL), e.message) from None
         except Exception:  # noqa: BLE001 - grpc's own answer to an undecodable request
             raise RpcAbort(INTERNAL, "Exception deserializing request!") from None
-        response = await method.handler(request, CONTEXT)
+        response = await method.handler(request, self.context)
         self._send(method.serialize(response))
 
     async def _requests(self) -> Any:
@@ -284,7 +300,7 @@ class _Call:
             yield request
 
     async def _stream(self) -> None:
-        async for response in self.method.handler(self._requests(), CONTEXT):
+        async for response in self.method.handler(self._requests(), self.context):
             self._send(self.method.serialize(response))
 
 
@@ -348,6 +364,7 @@ class NativeGrpcServer:
     def _open_stream(self, conn: H2Connection, sid: int, headers: list) -> Any:
         path = content_type = b""
         encoding = b"identity"
+        trace_context: tuple[tuple[str, str], ...] | None = None
         for name, value in headers:
             if name == b":path":
                 path = value
@@ -355,6 +372,9 @@ class NativeGrpcServer:
                 content_type = value
             elif name == b"grpc-encoding":
                 encoding = value
+            elif name in _TRACE_HEADERS:
+                trace_context = (trace_context or ()) + (
+                    (name.decode(), value.decode("latin-1")),)
         if not content_type.startswith(b"application/grpc"):
             conn.send_headers(sid, UNSUPPORTED_MEDIA, end_stream=True)
             return _REFUSED
@@ -367,7 +387,8 @@ class NativeGrpcServer:
                 UNIMPLEMENTED, f"Compression algorithm '{encoding.decode(errors='replace')}' "
                 "is not supported", False), True)
             return _REFUSED
-        return _Call(self, conn, sid, method, encoding)
+        return _Call(self, conn, sid, method, encoding,
+                     CONTEXT if trace_context is None else _MetaContext(trace_context))
 
     async def stop(self, grace: float | None) -> None:
         """Stop accepting, let open calls finish for ``grace`` seconds, then cut the rest."""

@@ -65,8 +65,8 @@ def settings_to_proto(settings: list[tuple[str, list[str]]]) -> pb.TraceSettingR
 
 
 def _metadata(request: Any, context: Any) -> dict[str, str]:
-    """The call's trace context metadata: grpc.aio's context has it; the native server's
-    hands no metadata to handlers (a request's context is not propagated there)."""
+    """The call's trace context metadata (grpc.aio's context has all of it; the native
+    server's, the W3C trace context headers when the call has them)."""
     read = getattr(context, "invocation_metadata", None)
     metadata = dict(read() or ()) if read is not None else {}
     return trace.trace_headers(metadata.get)
