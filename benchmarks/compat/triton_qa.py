@@ -35,6 +35,12 @@ Suites (--only, comma separated; default simple_ensemble,infer_zero):
                     max_inflight_requests) and test.sh's server-log checks around them,
                     including the invalid max_inflight_requests values
 
+  infer, input_validation, string_io, nan_inf, output_name, initializer_as_input, http,
+  grpc, batcher, model_namespacing
+                    (not by default) ten more L0 suites, ONNX and Python backends only:
+                    qa_infer.py, qa_small.py, qa_http_grpc.py, qa_batcher.py,
+                    qa_namespacing.py (results: docs/compat.md)
+
 A case that asks for a model the generators did not make (a framework left out) counts as
 n/a, not as an error.
 
@@ -60,11 +66,18 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import qa_batcher  # noqa: E402  (L0_batcher)
+import qa_http_grpc  # noqa: E402  (L0_http, L0_grpc)
+import qa_infer  # noqa: E402  (L0_infer)
+import qa_namespacing  # noqa: E402  (L0_model_namespacing)
 import qa_server  # noqa: E402  (benchmarks/compat/qa_server.py)
 import qa_shared_memory  # noqa: E402  (benchmarks/compat/qa_shared_memory.py: L0_shared_memory)
+import qa_small  # noqa: E402  (L0_input_validation, string_io, nan_inf, output_name, initializer_as_input)
 import qa_tree  # noqa: E402  (benchmarks/compat/qa_tree.py)
 
-SUITES = ("simple_ensemble", "backpressure", "infer_zero", *qa_shared_memory.SUITES)
+MORE_SUITES = (qa_infer, qa_small, qa_http_grpc, qa_batcher, qa_namespacing)
+SUITES = ("simple_ensemble", "backpressure", "infer_zero", *qa_shared_memory.SUITES,
+          *(s for m in MORE_SUITES for s in m.SUITES))
 DEFAULT_SUITES = ("simple_ensemble", "infer_zero")
 INFER_ZERO_CASES = 28   # test.sh EXPECTED_NUM_TESTS
 
@@ -98,6 +111,7 @@ class Phase:
     server_must_fail: bool = False    # test.sh expects run_server to fail
     log_checks: tuple[tuple[str, str], ...] = ()   # (what, text the server log must hold)
     live_after: bool = False          # test.sh checks the server is still live afterwards
+    server_env: dict[str, str] = dataclasses.field(default_factory=dict)   # exported before run_server
 
 
 @dataclasses.dataclass
@@ -271,7 +285,16 @@ def run_phase(phase: Phase, work: Path, args) -> tuple[list[Row], PhaseInfo]:
     log(f"{phase.key}: starting trireme serve ({phase.repository.name})")
     rows: list[Row] = []
     try:
-        ready = server.start(args.startup_timeout)
+        saved_env = {k: os.environ.get(k) for k in phase.server_env}
+        os.environ.update(phase.server_env)
+        try:
+            ready = server.start(args.startup_timeout)
+        finally:
+            for k, v in saved_env.items():
+                os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+        if "<server pid>" in phase.env.values():   # SERVER_PID=$SERVER_PID python ...
+            phase = dataclasses.replace(phase, env={k: str(server.pid) if v == "<server pid>"
+                                                    else v for k, v in phase.env.items()})
         log(f"{phase.key}: {'ready' if ready else 'NOT ready'} after {server.startup_s:.1f} s"
             + (f", {len(server.not_ready)} model(s) not READY" if server.not_ready else ""))
         if phase.server_must_fail:
@@ -434,6 +457,8 @@ def main(argv: list[str] | None = None) -> int:
             phases += zero
             notes += zero_notes
         phases += qa_shared_memory.phases(suites, source, work, Phase, log)
+        for m in MORE_SUITES:
+            phases += m.phases(suites, source, work, Phase, log)
         for phase in phases:
             phase_rows, info = run_phase(phase, work, args)
             rows += phase_rows
