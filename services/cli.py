@@ -34,7 +34,8 @@ FRONTEND_GRACE_S = 0.5
 def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-repository", action="append", required=True, type=Path,
                    help="model repository path (repeatable)")
-    p.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default="none")
+    p.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default="none",
+                   type=str.lower)   # (Triton lower-cases it: "EXPLICIT" works)
     p.add_argument("--repository-poll-secs", type=float, default=15.0)
     p.add_argument("--load-model", action="append", default=[],
                    help="model to load at start in explicit mode ('*' for all)")

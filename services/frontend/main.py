@@ -50,6 +50,18 @@ async def run(settings: FrontendSettings) -> None:
     dp.close()
 
 
+def _max_input_size(value: str) -> int:
+    """--http-max-input-size: an integer > 0, refused in Triton's words otherwise."""
+    import argparse
+    try:
+        size = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: '{value}'") from None
+    if size <= 0:
+        raise argparse.ArgumentTypeError("Error: --http-max-input-size must be greater than 0.")
+    return size
+
+
 def add_frontend_args(p: argparse.ArgumentParser) -> list[argparse.Action]:
     """The frontend's own flags, on `trireme frontend` and on `trireme serve` (which hands
     them on to its frontend processes with frontend_argv). Returns the actions added."""
@@ -59,7 +71,8 @@ def add_frontend_args(p: argparse.ArgumentParser) -> list[argparse.Action]:
         p.add_argument("--host", default="0.0.0.0"),
         p.add_argument("--allow-http", type=parse_bool, default=True),
         p.add_argument("--allow-grpc", type=parse_bool, default=True),
-        p.add_argument("--http-max-input-size", type=int, default=DEFAULT_HTTP_MAX_INPUT_SIZE),
+        p.add_argument("--http-max-input-size", type=_max_input_size,
+                       default=DEFAULT_HTTP_MAX_INPUT_SIZE),
         p.add_argument("--server-name", default="trireme",
                        help='name reported by server metadata ("triton" for Triton test suites)'),
         p.add_argument("--inline-threshold", type=int, default=DEFAULT_INLINE_THRESHOLD,

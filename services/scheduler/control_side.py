@@ -25,6 +25,17 @@ log = logging.getLogger("trireme.scheduler")
 PROBE_TIMEOUT_S = 10.0
 
 
+def _check_model_name(name: str) -> None:
+    """Triton's ValidateModelName (core model_repository_manager.cc), on load only."""
+    trimmed = name.strip()
+    if not trimmed:
+        raise TriremeError(Code.INVALID_ARG, "Model name cannot be empty. Please enter a "
+                                             "valid name to deploy.")
+    if trimmed == ".." or "/" in trimmed:
+        raise TriremeError(Code.INVALID_ARG, f"invalid model name '{name}', model name must "
+                                             f"not contain path traversal characters")
+
+
 class ControlSide:
     settings: Any                  # SchedulerSettings
     models: ModelManager
@@ -116,6 +127,7 @@ class ControlSide:
                 raise TriremeError(Code.UNAVAILABLE, "explicit model load / unload is not allowed "
                                                      "if polling is enabled")
             if isinstance(msg, m.LoadModelRequest):
+                _check_model_name(msg.model)
                 override = None
                 if msg.config_json:
                     from services.common.config import config_from_json

@@ -201,7 +201,7 @@ def test_huge_content_length_one_byte_sent(server, watch):
     over = _connect(server)
     over.sendall(_infer_head(100_000_000) + b"{")
     assert _error(_one_answer(over)) == (400, (
-        f"Request JSON size of 100000000 bytes exceeds the maximum allowed value of {LIMIT} "
+        f"request JSON size of 100000000 bytes exceeds the maximum allowed input size of {LIMIT} "
         f"bytes. Use --http-max-input-size to increase the limit."))
     over.close()
     for s in attackers:

@@ -350,6 +350,15 @@ def test_explicit_mode(explicit_server):
         assert e.status() == "500"
         assert e.message() == "failed to load 'add_sub', failed to poll from model repository"
         assert http.is_model_ready("add_sub")     # the loaded version keeps serving
+        # names Triton refuses before looking (its ValidateModelName)
+        for name, text in ((" ", "Model name cannot be empty. Please enter a valid name to "
+                                 "deploy."),
+                           ("../etc", "invalid model name '../etc', model name must not "
+                                      "contain path traversal characters")):
+            with pytest.raises(InferenceServerException) as info:
+                grpc.load_model(name)
+            assert (info.value.status(), info.value.message()) == (
+                "StatusCode.INVALID_ARGUMENT", text)
     finally:
         http.close()
         grpc.close()

@@ -313,8 +313,8 @@ def decode_raw_request(model: str, version: str, body: Any, config: dict) -> Cor
     data: Any = body
     if datatype == "BYTES":
         if variable != -1 or count != 1:
-            raise invalid_arg("For BYTE datatype raw input, the model must have input "
-                              "shape [1]")
+            raise invalid_arg(f"For BYTE datatype raw input '{name}', the model must have "
+                              f"input shape [1]")
         data = _U32.pack(nbytes) + bytes(body)
     elif variable != -1:
         per = count * (element_size(datatype) or 1)

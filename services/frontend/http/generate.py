@@ -324,7 +324,7 @@ class Generate:
         encoding = request.headers.get("Content-Encoding")
         if encoding and encoding != "identity":   # Triton: exactly "identity" or none
             raise invalid_arg(_ENCODING_TEXT)
-        body = await self._read(request, "Request JSON")
+        body = await self._read(request, "request JSON")
         return decode_generate_request(model, version, body, metadata)
 
     async def _start(self, req: CoreRequest) -> tuple[AsyncIterator[CoreResponse], Item]:

@@ -54,11 +54,13 @@ def error_body(message: str) -> bytes:
 
 
 def size_limit_message(kind: str, size: int | None, limit: int) -> str:
-    """Text for a body over --http-max-input-size (Triton: "Request JSON size of N bytes
-    exceeds the maximum allowed value of M bytes. Use --http-max-input-size to increase
-    the limit."). `size` None: the body was streamed and reading stopped at the limit."""
+    """Text for a body over --http-max-input-size, Triton's EVBufferToJson words ("request
+    JSON size of N bytes exceeds the maximum allowed input size of M bytes. Use
+    --http-max-input-size to increase the limit."; Triton's QA matches on them). ``kind``
+    names the body ("request JSON", "raw request"); ``size`` None: the body was streamed
+    and reading stopped at the limit."""
     got = f"{size}" if size is not None else f"more than {limit}"
-    return (f"{kind} size of {got} bytes exceeds the maximum allowed value of {limit} "
+    return (f"{kind} size of {got} bytes exceeds the maximum allowed input size of {limit} "
             f"bytes. Use --http-max-input-size to increase the limit.")
 
 

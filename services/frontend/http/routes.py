@@ -189,7 +189,7 @@ class Handlers:
 
     async def _body(self, request: Any, kind: str) -> Any:
         """The whole (decompressed) body; over --http-max-input-size: Triton's 400 text.
-        `kind` names the body in that text ("Request JSON", "Raw request", "Request")."""
+        `kind` names the body in that text ("request JSON", "raw request", "request")."""
         try:
             return await request.read()
         except BodyTooLarge as e:
@@ -243,7 +243,7 @@ class Handlers:
                          action: str | None) -> Reply:
         if request.method != "POST":
             return _NOT_ALLOWED
-        body = await self._body(request, "Request JSON")
+        body = await self._body(request, "request JSON")
         if model is None:  # index; Triton ignores a repository name here
             ready_only = json_body.decode_index_request(body)
             return _json_reply(json_body.encode_json(await self.dp.repository_index(ready_only)))
@@ -267,8 +267,8 @@ class Handlers:
                                 {"Accept-Encoding": "gzip, deflate"})
         header_text = headers.get(_HEADER_LENGTH)
         raw = header_text is not None and header_text.strip() == "0"
-        kind = ("Raw request" if raw else "Request JSON" if header_text is None
-                else "Request")
+        kind = ("raw request" if raw else "request JSON" if header_text is None
+                else "request")
         body = await self._body(request, kind)
         header_length = codec.parse_header_length(header_text, len(body))
         if header_length == 0:  # raw binary: the body is the model's one input

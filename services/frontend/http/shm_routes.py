@@ -59,12 +59,8 @@ _NOT_BASE64 = re.compile(rb"[^A-Za-z0-9+/]")
 
 
 def size_limit_text(size: int | None, limit: int) -> str:
-    """EVBufferToJson's text for a body over --http-max-input-size (Triton's QA checks
-    "request JSON size" and "exceeds the maximum allowed input size"). ``size`` None: the
-    body was inflated and reading stopped at the limit."""
-    got = f"{size}" if size is not None else f"more than {limit}"
-    return (f"request JSON size of {got} bytes exceeds the maximum allowed input size of "
-            f"{limit} bytes. Use --http-max-input-size to increase the limit.")
+    """EVBufferToJson's text for a body over --http-max-input-size (Triton's QA checks it)."""
+    return json_body.size_limit_message("request JSON", size, limit)
 
 
 # ---- register bodies -----------------------------------------------------------------------

@@ -24,7 +24,7 @@ from services.frontend.settings import FrontendSettings
 
 IMPLS = ["native", "aiohttp"]
 LIMIT = 4096
-SIZE_TEXT = ("Request JSON size of {} bytes exceeds the maximum allowed value of 4096 bytes. "
+SIZE_TEXT = ("request JSON size of {} bytes exceeds the maximum allowed input size of 4096 bytes. "
              "Use --http-max-input-size to increase the limit.")
 
 

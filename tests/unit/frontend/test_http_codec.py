@@ -213,7 +213,7 @@ def test_raw_request_errors():
         _raises(codec.decode_raw_request, "m", "", b"x", cfg)
     cfg = _config({"name": "A", "data_type": "TYPE_STRING", "dims": [-1]})
     assert _raises(codec.decode_raw_request, "m", "", b"x", cfg) == \
-        "For BYTE datatype raw input, the model must have input shape [1]"
+        "For BYTE datatype raw input 'A', the model must have input shape [1]"
 
 
 def test_raw_bytes_input_becomes_one_element():
@@ -394,8 +394,8 @@ def test_repository_bodies():
 
 def test_error_body_and_size_message():
     assert json.loads(json_body.error_body("boom")) == {"error": "boom"}
-    msg = json_body.size_limit_message("Request JSON", 2048, 1024)
-    assert msg == ("Request JSON size of 2048 bytes exceeds the maximum allowed value of 1024 "
+    msg = json_body.size_limit_message("request JSON", 2048, 1024)
+    assert msg == ("request JSON size of 2048 bytes exceeds the maximum allowed input size of 1024 "
                    "bytes. Use --http-max-input-size to increase the limit.")
 
 
