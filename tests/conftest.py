@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import ssl
@@ -24,8 +25,32 @@ ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 120.0
 
 
+_GIVEN: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port free now, below the kernel's ephemeral range: a port the kernel handed out
+    (bind to 0) can be taken again by any outgoing connection before the server binds it."""
+    high = _ephemeral_low() - 1
+    for _ in range(200):
+        port = random.randint(max(1024, high - 12000), high)
+        if port in _GIVEN:   # handed out earlier in this run: maybe not bound yet
+            continue
+        _GIVEN.add(port)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:   # (a crowded range: the kernel's choice, as before)
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
