@@ -203,14 +203,16 @@ class Clients:
 @pytest.fixture
 def cluster(tmp_path):
     c = Cluster(tmp_path, identity_repo(tmp_path))
-    c.scheduler.start()
-    c.add_frontend()
-    c.add_frontend()
-    c.add_host("hostA")
-    c.add_host("hostB")
-    c.wait_ready()
-    yield c
-    c.close()
+    try:   # every piece stopped, also when one fails to start (none is left running)
+        c.scheduler.start()
+        c.add_frontend()
+        c.add_frontend()
+        c.add_host("hostA")
+        c.add_host("hostB")
+        c.wait_ready()
+        yield c
+    finally:
+        c.close()
 
 
 def test_both_frontends_serve_with_shared_memory_between_pieces(cluster):
