@@ -17,6 +17,25 @@ from typing import Any
 
 import msgspec
 
+from services.common.messages_ext import (
+    ForgetRegions,
+    GetLogSettings,
+    LogSettings,
+    LogSettingsChanged,
+    SetLogSettings,
+    ShmRegions,
+    ShmRegister,
+    ShmStatus,
+    ShmUnregister,
+    TraceLevels,
+    TraceRecord,
+    TraceSettings,
+    TraceSettingsRequest,
+)
+from services.common.messages_ext import LogConfig as LogConfig
+from services.common.messages_ext import TraceUpdate as TraceUpdate
+from services.common.msgbase import ErrorRecord
+from services.common.msgbase import Msg as _Msg
 from services.common.states import ModelState
 
 
@@ -74,16 +93,6 @@ class Kind(enum.IntEnum):
     TRACE_SETTINGS = 71            # scheduler -> frontend: its answer
     TRACE_LEVELS = 72              # scheduler -> frontends: which models may be traced
     TRACE_RECORD = 73              # frontend -> scheduler: a sampled request's trace
-
-
-class _Msg(msgspec.Struct, array_like=True, omit_defaults=True):
-    pass
-
-
-class ErrorRecord(_Msg):
-    """An error crossing a process boundary: a services.common.errors.Code and its text."""
-    code: int
-    message: str
 
 
 class TensorRef(_Msg):
@@ -187,30 +196,6 @@ class CheckReady(_Msg):
     ctl_id: int
     model: str
     version: int = 0
-
-
-class ShmRegister(_Msg):
-    """Register a client shared-memory region (``kind`` "system" or "cuda")."""
-    ctl_id: int
-    kind: str
-    name: str
-    key: str = ""
-    offset: int = 0
-    byte_size: int = 0
-    device_id: int = 0
-    raw_handle: bytes = b""
-
-
-class ShmUnregister(_Msg):
-    ctl_id: int
-    kind: str
-    name: str = ""                 # "": every region of that kind
-
-
-class ShmStatus(_Msg):
-    ctl_id: int
-    kind: str
-    name: str = ""                 # "": every region of that kind
 
 
 class GetStats(_Msg):
@@ -320,13 +305,6 @@ class Stats(_Msg):
     error: ErrorRecord | None = None
 
 
-class ShmRegions(_Msg):
-    """ShmStatus's answer: the regions as Triton lists them (dicts of its JSON fields)."""
-    ctl_id: int
-    regions: list[dict[str, Any]] = []
-    error: ErrorRecord | None = None
-
-
 class ControlDone(_Msg):
     ctl_id: int
     error: ErrorRecord | None = None
@@ -370,11 +348,6 @@ class ExecuteBatch(_Msg):
     batch_id: int
     items: list[BatchItem]
     traced: bool = False           # some item has a trace: the worker adds its times
-
-
-class ForgetRegions(_Msg):
-    """Client shared-memory objects no longer registered: the worker unmaps them."""
-    keys: list[str]
 
 
 class ReleaseOutputs(_Msg):
@@ -502,91 +475,6 @@ class StreamsDone(_Msg):
     """Final responses sent for requests a BatchDone listed as streaming."""
     worker_id: str
     keys: list[tuple[str, int]]
-
-
-# ---------------------------------------------------------------- logging extension
-class LogConfig(_Msg):
-    """Triton's log settings, the logging extension's six fields (services/common/
-    logsettings.py applies them to a process)."""
-    log_file: str = ""             # "": stderr
-    log_info: bool = True
-    log_warning: bool = True
-    log_error: bool = True
-    log_verbose_level: int = 0
-    log_format: str = "default"    # "default" | "ISO8601"
-
-
-class GetLogSettings(_Msg):
-    ctl_id: int
-
-
-class SetLogSettings(_Msg):
-    """Change the settings given (None: unchanged), checked by the frontend in Triton's
-    words; log_file cannot change at run time (Triton refuses it)."""
-    ctl_id: int
-    log_info: bool | None = None
-    log_warning: bool | None = None
-    log_error: bool | None = None
-    log_verbose_level: int | None = None
-    log_format: str | None = None
-
-
-class LogSettings(_Msg):
-    """The scheduler's settings after a GetLogSettings or SetLogSettings (the source of
-    truth: every process follows them)."""
-    ctl_id: int
-    settings: LogConfig
-    error: ErrorRecord | None = None
-
-
-class LogSettingsChanged(_Msg):
-    """The scheduler's settings, sent to every frontend, worker and worker host as it
-    connects (after its FrontendHello, WorkerReady, HostHello) and to all of them on each
-    change. A process keeps its own log_file: the one it started with."""
-    settings: LogConfig
-
-
-# ---------------------------------------------------------------- trace extension
-class TraceUpdate(_Msg):
-    """The trace settings a request changes: ``set`` name -> value ("level" as Triton's
-    bit mask, "rate", "count", "log_frequency"), ``clear`` the names set back to the
-    fallback (the global setting, or the start-up one for the global setting)."""
-    set: dict[str, int] = {}
-    clear: list[str] = []
-
-
-class TraceSettingsRequest(_Msg):
-    """Read (``update`` None) or change the trace settings of ``model`` ("": the global
-    ones). ``error``: what the frontend found wrong in the request, answered after the
-    model check (Triton's order)."""
-    ctl_id: int
-    model: str = ""
-    update: TraceUpdate | None = None
-    error: ErrorRecord | None = None
-
-
-class TraceSettings(_Msg):
-    """The settings after a TraceSettingsRequest, as Triton lists them: (key, values)."""
-    ctl_id: int
-    settings: list[tuple[str, list[str]]] = []
-    error: ErrorRecord | None = None
-
-
-class TraceLevels(_Msg):
-    """Which requests a frontend marks as traceable (InferRequest.trace): the level of
-    ``models`` listed, else ``default`` (0: not traced). Sent after each FrontendHello and
-    whenever it changes."""
-    default: int = 0
-    models: dict[str, int] = {}
-    mode: str = "triton"
-    options: list[tuple[str, str]] = []   # the mode's --trace-config settings (opentelemetry's)
-
-
-class TraceRecord(_Msg):
-    """A sampled request's trace in Triton's JSON (its activity objects, comma-joined),
-    written by the frontend once the response is sent; the scheduler files it."""
-    trace_id: int
-    text: str
 
 
 # ---------------------------------------------------------------- encoding
