@@ -2,7 +2,8 @@
 """Trireme vs real Triton 2.51 on the same Python-backend models, side by side in one run.
 
     python benchmarks/vs_triton.py [--quick] [--duration S] [--repeats 3] [--only 1,2,3,4]
-                                   [--frontends N] [--profile [--profile-python]]
+                                   [--frontends N] [--trireme-arg=--in-process-frontend]
+                                   [--profile [--profile-python]]
                                    [--json out.json] [--keep]
 
 One temp model repository (vs_triton_models.py: Triton's add_sub example, an identity with
@@ -172,6 +173,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3, help="Triton/Trireme pairs (3)")
     ap.add_argument("--only", default="1,2,3,4", help="scenarios, e.g. 1,4")
     ap.add_argument("--frontends", type=int, default=1, help="trireme serve --frontends (1)")
+    ap.add_argument("--trireme-arg", action="append", default=[], metavar="FLAG",
+                    help="one more `trireme serve` flag (repeatable), e.g. "
+                         "--trireme-arg=--in-process-frontend")
     ap.add_argument("--profile", action="store_true",
                     help="py-spy the Trireme processes during each measurement that misses")
     ap.add_argument("--profile-python", action="store_true",
@@ -216,7 +220,8 @@ def main() -> int:
 
     try:
         servers["Triton"] = TritonServer(repo, tmp / "triton.log", args.triton_sh)
-        servers["Trireme"] = Server(repo, args.frontends, tmp / "trireme.log")
+        servers["Trireme"] = Server(repo, args.frontends, tmp / "trireme.log",
+                                    extra=args.trireme_arg)
         for who, srv in servers.items():
             log(f"starting {who}: {' '.join(srv.cmd)}")
             srv.start()

@@ -18,8 +18,9 @@ import signal
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
-from services.common import logsettings
+from services.common import logsettings, transport_inproc
 from services.common.flags import parse_bool
 from services.common.procutil import set_title
 from services.common.shm import DEFAULT_INLINE_THRESHOLD
@@ -158,10 +159,15 @@ def _scheduler_settings(args: argparse.Namespace, frontend_addr: str, worker_add
         + ["--inline-threshold", str(args.inline_threshold)])
 
 
-async def _run_scheduler(settings, frontend_cmds: list[list[str]], exit_timeout: float) -> int:
+async def _run_scheduler(settings, frontend_cmds: list[list[str]], exit_timeout: float,
+                         in_process: Any = None) -> int:
+    """The scheduler, its frontend processes (``frontend_cmds``) or the one frontend that runs
+    on its event loop (``in_process``: its FrontendSettings)."""
     from services.common.supervisor import ProcessHandle
     from services.scheduler.main import Scheduler
 
+    if in_process is not None:
+        transport_inproc.enable()   # (before the scheduler binds the frontend socket)
     sched = Scheduler(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -182,6 +188,13 @@ async def _run_scheduler(settings, frontend_cmds: list[list[str]], exit_timeout:
         h = ProcessHandle(f"frontend {i}", "services.frontend.main", cmd, on_exit=frontend_exited)
         await h.start()
         frontends.append(h)
+    embedded = None
+    if in_process is not None:
+        from services.frontend.main import run as run_frontend
+        embedded = loop.create_task(run_frontend(in_process, stop))
+        # A frontend that cannot serve (its port taken) takes the server down with it, as
+        # a failed process would be restarted: there is nothing here to restart.
+        embedded.add_done_callback(lambda t: stop.set())
     load = loop.create_task(sched.load_initial())
     await stop.wait()
     log.info("shutting down")
@@ -192,9 +205,15 @@ async def _run_scheduler(settings, frontend_cmds: list[list[str]], exit_timeout:
     # the frontends answer those with an error and exit; FRONTEND_GRACE_S later whatever
     # is left is killed.
     fronts = asyncio.ensure_future(asyncio.gather(
-        *(h.stop(exit_timeout + FRONTEND_GRACE_S) for h in frontends), return_exceptions=True))
+        *(h.stop(exit_timeout + FRONTEND_GRACE_S) for h in frontends),
+        *((asyncio.wait_for(embedded, exit_timeout + FRONTEND_GRACE_S),) if embedded else ()),
+        return_exceptions=True))
     await sched.stop(exit_timeout, fronts)
     await fronts
+    if embedded is not None and embedded.done() and not embedded.cancelled() \
+            and embedded.exception() is not None:
+        log.error("the frontend failed: %s", embedded.exception())
+        return 1
     return 0
 
 
@@ -237,6 +256,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except TlsError as e:
         log.error("%s", e)
         return 2
+    if args.in_process_frontend and args.frontends != 1:
+        log.error("--in-process-frontend runs one frontend: leave --frontends at 1")
+        return 2
     set_title("trireme serve (scheduler)")
     _warn_open_repository_api(args, frontends_here=True)
     run_dir = tempfile.mkdtemp(prefix=f"trireme-{os.getpid()}-")
@@ -244,6 +266,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         scheme = "unix" if args.transport == "stream" else "ipc"
         settings = _scheduler_settings(args, f"{scheme}://{run_dir}/frontends.sock",
                                        f"{scheme}://{run_dir}/workers.sock", args.host)
+        if args.in_process_frontend:
+            embedded = checked_settings(args, settings.frontend_addr,
+                                        f"{scheme}://{run_dir}/results-0.sock")
+            return _asyncio_run(_run_scheduler(settings, [], args.exit_timeout_secs, embedded))
         forwarded = frontend_argv(args)   # every flag add_frontend_args defines, as parsed
         cmds = [["--scheduler", settings.frontend_addr,
                  "--result-addr", f"{scheme}://{run_dir}/results-{i}.sock", *forwarded]
@@ -284,6 +310,10 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
     _add_scheduler_args(serve)
     add_frontend_args(serve)
     serve.add_argument("--frontends", type=int, default=1, help="frontend processes sharing the ports")
+    serve.add_argument("--in-process-frontend", action="store_true",
+                       help="run the one frontend on the scheduler's event loop instead of in "
+                            "its own process: a process hop less per request (lower latency "
+                            "at low concurrency); a crash of either then takes down both")
     serve.add_argument("--transport", choices=("stream", "zmq"), default="stream",
                        help="between the processes: stream (Unix sockets, the default) or zmq "
                             "(ZeroMQ over ipc://)")

@@ -327,6 +327,7 @@ class LoadModel(_Msg):
     device_id: int = 0
     autocomplete: bool = True
     frontend_addr: str = ""        # the scheduler's frontend socket: BLS requests enter there
+    step_addr: str = ""            # the scheduler's step socket: results for it go in BatchDone
 
 
 class BatchItem(_Msg):
@@ -469,6 +470,9 @@ class BatchDone(_Msg):
     # model answering from its own threads): should the worker die before their final
     # response, the scheduler answers them (StreamsDone says when it need not any more).
     streaming: list[tuple[str, int]] = []
+    # The batch's results for ensemble steps (those with reply_to = LoadModel.step_addr), with
+    # their frames after this message: one message, not two, per step and batch.
+    results: list[InferResult] = []
 
 
 class StreamsDone(_Msg):

@@ -9,7 +9,8 @@ announced; close() removes its socket file), a ``Connection`` (connects, queues 
 disconnected, reconnects) on an asyncio loop, and a ``BlockingConnection`` for the worker's
 synchronous loop. Received parts are memoryviews the handler may keep. Why two: ZeroMQ is
 what separate containers and existing deployments use; a plain stream socket costs a
-quarter of ZeroMQ's latency per hop on this machine (see transport_stream).
+quarter of ZeroMQ's latency per hop on this machine (see transport_stream). A peer in the
+listener's own process (the in-process frontend) skips the wire (transport_inproc).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from services.common import transport_stream, transport_zmq
+from services.common import transport_inproc, transport_stream, transport_zmq
 
 Parts = Sequence[Any]
 """One message: bytes-like parts (a kind byte and header first, then tensor frames)."""
@@ -84,6 +85,8 @@ async def listen(address: str, handler: Callable[[bytes, list[Any]], None],
     else:
         listener = transport_zmq.Listener(address, handler)
     await listener.start()
+    if transport_inproc.enabled:   # peers in this process may connect without the socket
+        return transport_inproc.Local(listener, handler, on_lost)
     return listener
 
 
@@ -94,9 +97,12 @@ def connect(address: str, handler: Callable[[list[Any]], None], identity: bytes 
     (the peer closed or died; ZeroMQ: its heartbeat timed out): what was sent and not yet
     answered may never be."""
     _check(address)
-    if is_stream(address):
-        conn: transport_stream.Connection | transport_zmq.Connection = \
-            transport_stream.Connection(address, handler, identity, on_state)
+    local = transport_inproc.bound(address)
+    if local is not None:
+        conn: transport_stream.Connection | transport_zmq.Connection | transport_inproc.Connection = \
+            transport_inproc.Connection(local, handler, identity, on_state)
+    elif is_stream(address):
+        conn = transport_stream.Connection(address, handler, identity, on_state)
     else:
         conn = transport_zmq.Connection(address, handler, identity, on_state)
     conn.start()

@@ -24,7 +24,9 @@ log = logging.getLogger("trireme.frontend")
 STOP_GRACE_S = 60.0   # in-flight calls at SIGTERM; the scheduler's exit timeout comes first
 
 
-async def run(settings: FrontendSettings) -> None:
+async def run(settings: FrontendSettings, stop: asyncio.Event | None = None) -> None:
+    """Serve until SIGTERM/SIGINT, or until ``stop`` is set (a frontend in the scheduler's
+    process: `trireme serve --in-process-frontend`, whose signals are the scheduler's)."""
     dp = DataPlane(settings)   # (it chooses a result address when none is given)
     dp.starting = True
     await dp.start()
@@ -36,10 +38,11 @@ async def run(settings: FrontendSettings) -> None:
         from services.frontend.grpc.methods import start_grpc
         grpc_server = await start_grpc(dp, settings)
     dp.starting = False
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    if stop is None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
     log.info("frontend %d serving http:%s grpc:%s", os.getpid(), settings.http_port, settings.grpc_port)
     await stop.wait()
     # Both servers stop taking new calls and let the ones in flight finish together, for as

@@ -43,6 +43,7 @@ class WorkerSide:
     _by_pid: dict[int, Instance]
     _workers: dict[str, Instance]
     _routes: dict[str, bytes]
+    step_addr: str                 # where ensemble steps' results are addressed
     limiter: Any                   # RateLimiter, or None
 
     if TYPE_CHECKING:
@@ -51,6 +52,8 @@ class WorkerSide:
         def _send_frontend(self, identity: bytes, msg: Any, frames: Sequence[Any] = ()) -> None: ...
 
         def _answered(self, p: Any) -> None: ...
+
+        def _step_answered(self, msg: Any, frames: list[Any]) -> None: ...
 
     # ------------------------------------------------------------------ workers
     def _send_worker(self, worker_id: str, msg: Any, frames: Sequence[Any] = ()) -> bool:
@@ -67,6 +70,8 @@ class WorkerSide:
     def _on_worker(self, identity: bytes, parts: list[Any]) -> None:
         msg, frames = m.decode(parts)
         if isinstance(msg, m.BatchDone):
+            if msg.results:   # ensemble steps' results: their next steps go first
+                self._step_answered(m.InferResults(msg.results), frames)
             if msg.metrics is not None:
                 self.custom_metrics[msg.worker_id] = msg.metrics
             inst = self._workers.get(msg.worker_id)
@@ -93,6 +98,8 @@ class WorkerSide:
                 vs.queue.batch_done(inst, msg.batch_id)
             else:
                 inst.inflight.pop(msg.batch_id, None)
+        elif isinstance(msg, (m.InferResult, m.InferResults)):   # a decoupled step's, later
+            self._step_answered(msg, frames)
         elif isinstance(msg, m.StreamsDone):
             inst = self._workers.get(msg.worker_id)
             if inst is not None:
@@ -141,7 +148,7 @@ class WorkerSide:
             self._send_worker(inst.worker_id, m.LoadModel(
                 inst.model, inst.version, model_dir, config, inst.name, inst.kind,
                 0 if inst.kind == "KIND_GPU" else inst.device_id, autocomplete,
-                self.settings.frontend_addr))
+                self.settings.frontend_addr, self.step_addr))
             reply: m.ModelLoaded = await asyncio.wait_for(loaded, LOAD_TIMEOUT_S)
         except TimeoutError:
             await handle.stop(1.0)

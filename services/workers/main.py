@@ -79,6 +79,7 @@ class Worker(ResultSender):
         # the result sockets are used under this lock.
         self.lock = threading.Lock()
         self.model = ""
+        self.step_addr = ""   # results addressed here go to the scheduler inside BatchDone
         self.running = True
         # Decoupled answers that outlive execute(): finals sent while their batch still ran,
         # and requests left open when it ended (reported in BatchDone.streaming, and their
@@ -132,6 +133,7 @@ class Worker(ResultSender):
         from services.workers.backends.base import create_backend
 
         self.model = msg.model
+        self.step_addr = msg.step_addr
         # BLS requests enter at the scheduler's frontend socket: bound to every interface
         # there, it is reached here by the host our own connection uses.
         msg.frontend_addr = transport.reachable(msg.frontend_addr, self.scheduler_addr)
@@ -214,7 +216,7 @@ class Worker(ResultSender):
             stamp_results(items, replies, (t0, times[0], times[1], time.perf_counter_ns()))
         # Nothing is sent before the batch's fate is known, so each request gets one answer.
         with self.lock:
-            self._flush(replies)
+            steps, step_frames = self._flush(replies)
             streaming = []
             for it in waiting:
                 key = (it.reply_to, it.req_id)
@@ -223,11 +225,26 @@ class Worker(ResultSender):
                 else:
                     self._streaming.add(key)
                     streaming.append(key)
-        t3 = time.perf_counter_ns()
-        t1, t2 = times
-        self.sock.send(m.encode(m.BatchDone(
-            batch.batch_id, self.worker_id, t1 - t0, t2 - t1, t3 - t2, failed,
-            self.backend.take_metrics(), streaming)))
+            t3 = time.perf_counter_ns()
+            t1, t2 = times
+            done = self._encoded(m.BatchDone(
+                batch.batch_id, self.worker_id, t1 - t0, t2 - t1, t3 - t2, failed,
+                self.backend.take_metrics(), streaming, steps), step_frames)
+        self.sock.send(done)
+
+    def _encoded(self, msg: Any, frames: list[Any]) -> list[Any]:
+        """A BatchDone or InferResults for the scheduler, encoded; a step result that cannot
+        be (a model's value msgpack cannot hold) becomes an error for its request (under
+        self.lock)."""
+        try:
+            return m.encode(msg, frames)
+        except m.ENCODE_ERRORS:
+            if isinstance(msg, m.BatchDone):
+                fixed, _ = self._encodable(m.InferResults(msg.results), frames)
+                msg.results = fixed.results if isinstance(fixed, m.InferResults) else [fixed]
+            else:
+                msg, _ = self._encodable(msg, frames)
+            return m.encode(msg, frames)
 
     def _run_batch(self, items: list[m.BatchItem], per_item: list[dict], replies: dict,
                    times: list[int]) -> None:
@@ -302,7 +319,9 @@ class Worker(ResultSender):
         if final and item.trace:   # a sampled request: its trace goes on (without COMPUTE_*)
             stamp_results((item,), replies, ())
         with self.lock:
-            self._flush(replies)
+            steps, step_frames = self._flush(replies)
+            if steps:   # a decoupled ensemble step's response, on the scheduler connection
+                self.sock.send(self._encoded(m.InferResults(steps), step_frames))
             if final:
                 key = (item.reply_to, item.req_id)
                 if key in self._streaming:   # its batch is done: the scheduler waits for word

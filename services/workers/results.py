@@ -43,13 +43,22 @@ class ResultSender:
     orphans: dict[tuple[str, int], float]
     arena: Arena | None
     sock: Any                      # the connection to the scheduler
+    step_addr: str                 # the scheduler's step socket (LoadModel.step_addr)
     scheduler_addr: str
     lock: threading.Lock
     model: str
 
-    def _flush(self, replies: dict) -> None:
+    def _flush(self, replies: dict) -> tuple[list[m.InferResult], list[Any]]:
+        """Send ``replies`` (reply_to -> (results, frames)) on their way; those for the
+        scheduler's step socket are returned instead, for BatchDone to carry."""
+        steps: tuple[list[m.InferResult], list[Any]] = ([], [])
         for address, (results, frames) in replies.items():
-            self._push(address, results[0] if len(results) == 1 else m.InferResults(results), frames)
+            if address == self.step_addr:
+                steps = (results, frames)
+            else:
+                self._push(address, results[0] if len(results) == 1 else m.InferResults(results),
+                           frames)
+        return steps
 
     def _push(self, address: str, msg: Any, frames: list[Any] = ()) -> None:
         """Send results to a frontend's result socket (under self.lock). A connection found

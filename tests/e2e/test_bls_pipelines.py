@@ -50,14 +50,17 @@ class TritonPythonModel:
 '''
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+@pytest.fixture(scope="module", params=["frontend-process", "in-process-frontend"])
+def server(tmp_path_factory, request):
+    """Both ways: BLS requests enter at the scheduler's socket also when the frontend runs
+    on the scheduler's loop (--in-process-frontend)."""
     root = repository(tmp_path_factory.mktemp("bls_pipelines") / "models")
     accumulate_state(root / "accumulate")
     python_model(root, "bls_pipelines", BLS_PIPELINES, io_config(
         "bls_pipelines", [("MODE", "TYPE_INT32", "[ 1 ]"), ("A", "TYPE_FP32", "[ 4 ]")],
         [("OUT", "TYPE_FP32", "[ 4 ]")]))
-    with start_server(root, ready=False) as srv:
+    extra = ["--in-process-frontend"] if request.param == "in-process-frontend" else []
+    with start_server(root, *extra, ready=False) as srv:
         client = httpclient.InferenceServerClient(srv.http_url)
         from conftest import wait_until
         wait_until(lambda: client.is_model_ready("bls_pipelines") and client.is_model_ready("chain")

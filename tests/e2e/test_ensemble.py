@@ -118,10 +118,13 @@ def repository(root):
     return root
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+@pytest.fixture(scope="module", params=["frontend-process", "in-process-frontend"])
+def server(tmp_path_factory, request):
+    """Every test twice: with the frontend in its own process, and on the scheduler's loop
+    (--in-process-frontend), where the frontend's messages skip the socket."""
     root = repository(tmp_path_factory.mktemp("ensemble") / "models")
-    with start_server(root, ready=False) as srv:
+    extra = ["--in-process-frontend"] if request.param == "in-process-frontend" else []
+    with start_server(root, *extra, ready=False) as srv:
         client = httpclient.InferenceServerClient(srv.http_url)
         wait_until(lambda: {e["name"] for e in client.get_model_repository_index()
                             if e.get("state") in ("READY", "UNAVAILABLE")} >= {

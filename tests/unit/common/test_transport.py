@@ -257,3 +257,58 @@ def _closed(sock: socket.socket) -> bool:
 def test_unsupported_address_is_refused():
     with pytest.raises(ValueError, match="unsupported address 'http://x'"):
         transport.connect_blocking("http://x")
+
+
+@pytest.fixture
+def in_process():
+    from services.common import transport_inproc
+    transport_inproc.enable()
+    yield
+    transport_inproc.enabled = False
+
+
+def test_a_peer_in_the_listeners_process_skips_the_socket(in_process, tmp_path):
+    """The in-process frontend's connection: same interface, order kept, each message
+    handed over after send() returns (no handler re-entered), mutable buffers copied,
+    other processes' peers still served through the socket."""
+    async def main():
+        address = f"unix://{tmp_path}/l.sock"
+        got: list[tuple[bytes, list[bytes]]] = []
+        lost: list[bytes] = []
+        listener = await transport.listen(address, lambda i, parts: got.append((i, _bytes(parts))),
+                                          on_lost=lost.append)
+        states: list[bool] = []
+        answers: list[list[bytes]] = []
+        conn = transport.connect(address, lambda parts: answers.append(_bytes(parts)),
+                                 identity=b"here", on_state=states.append)
+        assert type(conn).__module__ == "services.common.transport_inproc"
+        buf = bytearray(b"first")
+        for msg in MESSAGES:
+            conn.send([*msg])
+        conn.send([b"\x01", buf])
+        buf[:] = b"later"          # the receiver sees what was sent, as over a socket
+        assert got == []           # nothing delivered inside send()
+        await _until(lambda: len(got) == len(MESSAGES) + 1)
+        assert got == [(b"here", [*m]) for m in MESSAGES] + [(b"here", [b"\x01", b"first"])]
+        assert listener.send(b"here", [b"\x09", b"answer"])
+        await _until(lambda: answers)
+        assert answers == [[b"\x09", b"answer"]] and states == [True]
+        # a peer of another process (here: a blocking socket connection) is served as before
+        remote = await asyncio.to_thread(transport.connect_blocking, address, b"remote")
+        remote.send([b"\x02", b"over the socket"])
+        await _until(lambda: len(got) == len(MESSAGES) + 2)
+        assert listener.send(b"remote", [b"\x09", b"back"])
+        assert _bytes(await asyncio.to_thread(remote.recv)) == [b"\x09", b"back"]
+        remote.close()
+        conn.close()               # the listener hears of it as of a closed socket
+        assert b"here" in lost and not listener.send(b"here", [b"\x09", b"gone"])
+        conn2 = transport.connect(address, lambda parts: None, identity=b"again",
+                                  on_state=states.append)
+        await _until(lambda: states == [True, True])
+        listener.close()           # and the connection of the listener's going
+        assert states == [True, True, False]
+        conn2.send([b"\x09", b"dropped"])   # as a closed socket: dropped, no error
+
+    before = _fds()
+    asyncio.run(main())
+    _no_fd_leak(before)
