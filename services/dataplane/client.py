@@ -13,7 +13,9 @@ tells its worker, and its inputs are freed by whichever final answer still comes
 Every request gets exactly one answer (how requests leave, and what one that cannot be
 encoded is answered: outbox.py). When the connection to the scheduler breaks, every request
 and control call still waiting fails UNAVAILABLE at once, new ones fail fast, and health
-says not ready until the scheduler is back (it answers the FrontendHello sent on reconnect).
+says not ready until the scheduler is back (it answers the FrontendHello sent on connect).
+Until the scheduler is first reached, calls fail fast the same way: queued for a scheduler
+that never comes, they would hang, each holding its request body until its client gave up.
 Request ids carry the process id in their high bits, so results meant for an earlier
 process on the same result address (a frontend respawned by `trireme serve`) never match.
 """
@@ -45,6 +47,8 @@ log = logging.getLogger("trireme.dataplane")
 SCHEDULER_LOST_TEXT = ("the connection to the scheduler was lost; the request did not "
                        "complete (retry when the server is ready)")
 SCHEDULER_DOWN_TEXT = "the scheduler is not reachable; the server is not ready"
+FIRST_CONNECT_S = 2.0   # start() waits this long for the scheduler: a client started with it
+                        # (BLS in a worker, a frontend of `trireme serve`) finds it reached
 _ID_SHIFT = 40   # request ids: pid << 40 | a counter (pids are below 2**22: ids stay 62-bit)
 
 def _region_ref(t: Any) -> m.TensorRef:
@@ -71,14 +75,16 @@ class DataPlane(ControlCalls, TraceCalls, Outbox):
         self._abandoned: dict[int, list[Any]] = {}    # req_id -> input blocks of a gone caller
         self._models: dict[str, m.ModelInfo] = {}
         self._configs: dict[str, dict] = {}
-        self._info_waiters: dict[str, asyncio.Future] = {}
+        self._info_waiters: dict[str, asyncio.Task] = {}   # model -> its one fetch
         self._streams: dict[int, list[Any]] = {}      # preserve_ordering state per stream
         self._outbox: list[tuple[m.InferRequest, list[Any]]] = []
         self._cancels: dict[tuple[str, int], list[int]] = {}   # (model, version) -> req_ids
         self._generation = 0
         self._scheduler_ready = False
-        # True from a broken scheduler connection until it is back: requests fail fast
-        self._scheduler_lost = False
+        # True until the scheduler is reached, and from a broken connection until it is
+        # back: requests fail fast
+        self._scheduler_lost = True
+        self._reached = asyncio.Event()
         # True while the frontend is still opening its ports: health says neither live nor
         # ready, so a client that polled HTTP never finds the gRPC port closed.
         self.starting = False
@@ -103,7 +109,11 @@ class DataPlane(ControlCalls, TraceCalls, Outbox):
         self.result_addr = self._results.address   # with the port chosen at bind
         self._sched = transport.connect(self.settings.scheduler_addr, self._on_message,
                                         on_state=self._on_scheduler_state)
-        self._send(self._hello())
+        try:   # (the hello goes on connect: _on_scheduler_state)
+            await asyncio.wait_for(self._reached.wait(), FIRST_CONNECT_S)
+        except TimeoutError:
+            log.warning("the scheduler at %s is not reachable yet: requests fail until it is",
+                        self.settings.scheduler_addr)
 
     def _hello(self) -> m.FrontendHello:
         return m.FrontendHello(self.pid, self._domain, self.result_addr)
@@ -158,7 +168,9 @@ class DataPlane(ControlCalls, TraceCalls, Outbox):
                 self._free_inputs(blocks)
             self._segments.close()
         elif self._scheduler_lost:
-            log.info("connection to the scheduler is back")
+            if self._reached.is_set():
+                log.info("connection to the scheduler is back")
+            self._reached.set()
             self._scheduler_lost = False
             self._send(self._hello())
 
@@ -243,7 +255,11 @@ class DataPlane(ControlCalls, TraceCalls, Outbox):
         fut = asyncio.get_running_loop().create_future()
         self._pending[msg.ctl_id] = fut
         self._sched.send(parts)
-        return await fut
+        try:
+            return await fut
+        finally:   # a caller that went away leaves nothing waiting for the answer
+            self._pending.pop(msg.ctl_id, None)
+            del fut   # (a cycle through its error, as in infer)
 
     # ------------------------------------------------------------------ metadata
     def live(self) -> bool:
@@ -256,18 +272,22 @@ class DataPlane(ControlCalls, TraceCalls, Outbox):
         info = self._models.get(model)
         if info is not None:
             return info
-        waiter = self._info_waiters.get(model)
-        if waiter is not None:
-            return await asyncio.shield(waiter)
+        # One fetch per model, a task of its own that callers share: one going away
+        # (cancelled) neither stops it for the others nor hands them its CancelledError,
+        # whose traceback would keep that caller's request (its body) alive.
+        fetch = self._info_waiters.get(model)
+        if fetch is None:
+            fetch = self._info_waiters[model] = asyncio.get_running_loop().create_task(
+                self._fetch_info(model))
+        try:
+            return await asyncio.shield(fetch)
+        finally:
+            del fetch   # (a cycle through its error, as in infer)
+
+    async def _fetch_info(self, model: str) -> m.ModelInfo:
         gen = self._generation
-        waiter = self._info_waiters[model] = asyncio.get_running_loop().create_future()
         try:
             info = await self._call(m.GetModelInfo(next(self._ids), model))
-            waiter.set_result(info)
-        except BaseException as e:
-            waiter.set_exception(e)
-            waiter.exception()   # retrieved: with nobody else waiting, asyncio would log it
-            raise
         finally:
             del self._info_waiters[model]
         if gen == self._generation:   # no change raced with the fetch
@@ -332,6 +352,11 @@ class DataPlane(ControlCalls, TraceCalls, Outbox):
         finally:
             self._pending.pop(req_id, None)
             self._free_inputs(blocks)
+            # A future failed with an error refers to it, the error to its traceback, the
+            # traceback to this frame and its callers' (the request, its body): held here,
+            # that cycle waits for the cyclic GC, which an idle frontend hardly runs
+            # (procutil.GC_THRESHOLDS), and each body with it.
+            del fut
         if result.trace:   # sampled: its trace so far (control.py TraceCalls)
             self._trace_result(result, rframes)
         return self._response(req, version, result, rframes, info)

@@ -92,7 +92,11 @@ def _guard(name: str, fn: Handler) -> Handler:
             raise
         except Exception as exc:  # noqa: BLE001 - every error leaves as a status
             err = _as_error(exc, name)
-        await context.abort(grpc_status(err.code), err.message)
+            status, message = grpc_status(err.code), err.message
+            # err is often exc, whose traceback holds this frame and the request: kept in
+            # it, that cycle would wait for the cyclic GC, which an idle frontend hardly runs
+            del err
+        await context.abort(status, message)
     return handler
 
 

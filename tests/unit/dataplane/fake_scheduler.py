@@ -21,6 +21,8 @@ class FakeScheduler:
         self.addr = addr
         self.messages: list[tuple[Any, list[bytes]]] = []   # every message, as it came
         self.peer: bytes | None = None
+        self.hold_info = False                  # keep GetModelInfo unanswered (in held_info)
+        self.held_info: list[m.GetModelInfo] = []
 
     async def start(self) -> None:
         self.listener = await transport.listen(self.addr, self.on_message)
@@ -33,12 +35,17 @@ class FakeScheduler:
         msg, frames = m.decode(parts)
         self.peer = identity
         self.messages.append((msg, [bytes(f) for f in frames]))
-        if isinstance(msg, m.GetModelInfo):
-            self.send(m.ModelInfo(msg.ctl_id, msg.model, versions={1: "READY"},
-                                  inputs=[m.IOSpec("X", "FP32", [-1])],
-                                  outputs=[m.IOSpec("Y", "FP32", [-1])]))
+        if isinstance(msg, m.GetModelInfo) and self.hold_info:
+            self.held_info.append(msg)
+        elif isinstance(msg, m.GetModelInfo):
+            self.answer_info(msg)
         elif isinstance(msg, m.FrontendHello):
             self.send(m.RepositoryChanged([], server_ready=True))
+
+    def answer_info(self, msg: m.GetModelInfo) -> None:
+        self.send(m.ModelInfo(msg.ctl_id, msg.model, versions={1: "READY"},
+                              inputs=[m.IOSpec("X", "FP32", [-1])],
+                              outputs=[m.IOSpec("Y", "FP32", [-1])]))
 
     def send(self, msg) -> None:
         assert self.peer is not None

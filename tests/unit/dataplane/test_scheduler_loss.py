@@ -12,8 +12,9 @@ import pytest
 
 from services.common import messages as m
 from services.common.errors import Code, TriremeError
-from services.dataplane.client import SCHEDULER_DOWN_TEXT, SCHEDULER_LOST_TEXT
+from services.dataplane.client import FIRST_CONNECT_S, SCHEDULER_DOWN_TEXT, SCHEDULER_LOST_TEXT, DataPlane
 from services.dataplane.types import CoreRequest, InputTensor
+from services.frontend.settings import FrontendSettings
 from tests.unit.dataplane.fake_scheduler import FakeScheduler, plane, until
 
 LOSS_NOTICED_S = 2.0      # ZeroMQ reports a closed ipc peer within milliseconds too
@@ -99,5 +100,58 @@ def test_a_result_meant_for_an_earlier_process_matches_no_request(tmp_path):
             sched.send(m.InferResult(stale, 1, stream=7, order=1))   # takes no order slot
             sched.send(m.InferResult(req.req_id, 1, stream=7, order=1))
             assert (await call).outputs == []
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("wire", ["unix", "ipc"])
+def test_calls_fail_fast_until_the_scheduler_is_first_reached(tmp_path, wire):
+    """A frontend started where no scheduler listens (yet, or ever: its own died at start)
+    answers every call UNAVAILABLE at once, holding nothing; queued for a scheduler that
+    never came, they used to hang, each with its request body. Served once it comes."""
+    async def run():
+        addr = f"{wire}://{tmp_path}/s.sock"
+        dp = DataPlane(FrontendSettings(addr, f"{wire}://{tmp_path}/r.sock", use_shm=False))
+        await asyncio.wait_for(dp.start(), FIRST_CONNECT_S + 2)
+        sched = FakeScheduler(addr)
+        try:
+            for call in (dp.infer(_request()), dp.model_metadata("m", ""),
+                         dp.repository_index(False)):
+                with pytest.raises(TriremeError) as e:
+                    await asyncio.wait_for(call, 0.5)
+                assert (e.value.code, e.value.message) == (Code.UNAVAILABLE, SCHEDULER_DOWN_TEXT)
+            assert not dp._pending and not dp._info_waiters and not dp.ready()
+            await sched.start()
+            await until(dp.ready, 10, "ready once the scheduler listens")
+            assert len(sched.of(m.FrontendHello)) == 1
+            call = asyncio.ensure_future(dp.infer(_request()))
+            (req, _), = await until(sched.requests, what="the request")
+            sched.send(m.InferResult(req.req_id, 1))
+            assert (await call).outputs == []
+        finally:
+            dp.close()
+            sched.stop()
+
+    asyncio.run(run())
+
+
+def test_a_caller_gone_during_a_model_info_fetch_fails_no_other_caller(tmp_path):
+    """Requests for a model whose metadata is being fetched share one fetch: the first
+    caller going away (its client disconnected) must not end the others' with its
+    CancelledError (they would get no answer at all), and leaves nothing waiting."""
+    async def run():
+        async with plane(tmp_path) as (sched, dp):
+            sched.hold_info = True
+            first = asyncio.ensure_future(dp.infer(_request()))
+            second = asyncio.ensure_future(dp.infer(_request()))
+            (info,) = await until(lambda: sched.held_info, what="the model info fetch")
+            first.cancel()
+            await asyncio.sleep(0)   # (the cancel lands before the answer)
+            sched.answer_info(info)
+            (req, _), = await until(sched.requests, what="the second request")
+            sched.send(m.InferResult(req.req_id, 1))
+            assert (await asyncio.wait_for(second, 2)).outputs == []
+            assert first.cancelled()
+            assert not dp._pending and not dp._info_waiters
 
     asyncio.run(run())
