@@ -35,6 +35,10 @@ FRONTEND_GRACE_S = 0.5
 def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-repository", action="append", required=True, type=Path,
                    help="model repository path (repeatable)")
+    p.add_argument("--model-namespacing", type=parse_bool, default=False,
+                   help="a model name may be in several repositories: each repository's models "
+                        "are apart, an ensemble's steps use its own repository's models first, "
+                        "and a name loaded from several repositories is ambiguous")
     p.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default="none",
                    type=str.lower)   # (Triton lower-cases it: "EXPLICIT" works)
     p.add_argument("--repository-poll-secs", type=float, default=15.0)
@@ -155,6 +159,7 @@ def _scheduler_settings(args: argparse.Namespace, frontend_addr: str, worker_add
         allow_client_shm=args.allow_client_shm, trace=_trace_config(args),
         metrics_config=args.metrics_config, metrics_interval_ms=args.metrics_interval_ms,
         allow_cpu_metrics=args.allow_cpu_metrics, allow_gpu_metrics=args.allow_gpu_metrics,
+        model_namespacing=args.model_namespacing,
         worker_args=(["--no-shm"] if getattr(args, "no_shm", False) else [])
         + ["--inline-threshold", str(args.inline_threshold)])
 

@@ -8,9 +8,9 @@ test_dynamic_resolution, test_ensemble_duplication, test_no_duplication (version
 then ModelNamespaceExplicit.<test> with `--model-control-mode=EXPLICIT`, a fresh copy of
 the test folder each time (test.sh's test_dir; here test_dir_<mode>_<test>, as every
 repository is built before the first server starts). The test gets TRITON_QA_ROOT_DIR,
-TRITON_QA_PYTHON_MODEL_DIR, NAMESPACE_TESTING_DIRCTORY and PYTHONDONTWRITEBYTECODE=1.
-
-Trireme has no --model-namespacing (and takes one --model-repository): expected to fail.
+TRITON_QA_PYTHON_MODEL_DIR, NAMESPACE_TESTING_DIRCTORY and PYTHONDONTWRITEBYTECODE=1; the
+server the two test.sh exports before run_server (the models import their code from
+TRITON_QA_PYTHON_MODEL_DIR; no __pycache__ may change a polled model folder).
 """
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ def phases(suites: list[str], source: qa_tree.TritonSource, work: Path, phase_cl
             (model_dir / "1").mkdir(exist_ok=True)
     phase = qa_gen.make_phase(phase_cls, "model_namespacing", TEST_DIR)
     out = []
+    exported = {"TRITON_QA_PYTHON_MODEL_DIR": str(test_dir), "PYTHONDONTWRITEBYTECODE": "1"}
     for suite, mode_args in MODES:
         for name in TEST_LIST:
             td = test_dir / f"test_dir_{suite}_{name}"
@@ -53,6 +54,7 @@ def phases(suites: list[str], source: qa_tree.TritonSource, work: Path, phase_cl
                 ("--model-namespacing=true", f"--model-repository={td / 'subadd_repo'}",
                  *mode_args),
                 expected=1,
-                env={"TRITON_QA_ROOT_DIR": str(qa), "TRITON_QA_PYTHON_MODEL_DIR": str(test_dir),
-                     "NAMESPACE_TESTING_DIRCTORY": str(td), "PYTHONDONTWRITEBYTECODE": "1"}))
+                env={"TRITON_QA_ROOT_DIR": str(qa), "NAMESPACE_TESTING_DIRCTORY": str(td),
+                     **exported},
+                server_env=exported))
     return out

@@ -370,8 +370,19 @@ _VIEW_CODES: dict[str, tuple[_Code, int]] = {
     dt: (c, _NUMPY[dt].itemsize) for dt, c in _PACK_CODES.items()} if _LITTLE else {}
 
 
-def buffer_to_json(datatype: str, shape: Sequence[int], buf: Any) -> list[Any]:
-    """Raw bytes -> flat list of JSON-ready Python values (BYTES as UTF-8 text)."""
+class NotText(ValueError):
+    """A BYTES element that is not UTF-8, where the caller asked for text only (``strict``);
+    ``index``: the element's."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(index)
+        self.index = index
+
+
+def buffer_to_json(datatype: str, shape: Sequence[int], buf: Any,
+                   strict: bool = False) -> list[Any]:
+    """Raw bytes -> flat list of JSON-ready Python values (BYTES as UTF-8 text; an element
+    that is not UTF-8 raises NotText when ``strict``, else has U+FFFD for its bad bytes)."""
     fmt = _VIEW_CODES.get(datatype)
     if fmt is not None:  # memoryview.tolist: no numpy array around the buffer
         view = memoryview(buf)
@@ -383,17 +394,27 @@ def buffer_to_json(datatype: str, shape: Sequence[int], buf: Any) -> list[Any]:
         items = _split(buf)
         if len(items) != math.prod(shape):
             raise invalid_arg(f"BYTES tensor of shape {list(shape)} holds {len(items)} elements")
-        return [b.decode("utf-8", "replace") for b in items]
+        try:
+            return [b.decode("utf-8") for b in items]
+        except UnicodeDecodeError:
+            if strict:
+                for i, b in enumerate(items):
+                    try:
+                        b.decode("utf-8")
+                    except UnicodeDecodeError:
+                        raise NotText(i) from None
+            return [b.decode("utf-8", "replace") for b in items]
     return _dense_view(datatype, shape, buf).tolist()  # FP16/BF16 -> float, BOOL -> bool
 
 
-def buffer_to_json_array(datatype: str, shape: Sequence[int], buf: Any) -> np.ndarray | list[Any]:
+def buffer_to_json_array(datatype: str, shape: Sequence[int], buf: Any,
+                         strict: bool = False) -> np.ndarray | list[Any]:
     """buffer_to_json for an encoder that writes numpy arrays itself (orjson with
     OPT_SERIALIZE_NUMPY): no Python object per element. Floats of every width become
     float64, so each value is written as Triton writes it (the double's shortest form, as
     buffer_to_json's Python floats are); BYTES stays a list of text."""
     if datatype == "BYTES":
-        return buffer_to_json(datatype, shape, buf)
+        return buffer_to_json(datatype, shape, buf, strict)
     arr = _dense_view(datatype, shape, buf)
     if datatype in ("FP32", "FP16", "BF16"):
         arr = arr.astype(np.float64)

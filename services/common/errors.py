@@ -71,8 +71,28 @@ CANCELLED_TEXT = "Request cancelled"
 REPOSITORY_NAME_UNSUPPORTED = "'repository_name' specification is not supported"
 
 
+def json_not_utf8_text(name: str, index: int) -> str:
+    """A BYTES output asked for as JSON with an element that is not UTF-8 (Triton writes the
+    bytes into the JSON string as they are: a body no JSON reader takes)."""
+    return (f"output '{name}': element {index} is not valid UTF-8, which JSON cannot carry. "
+            f"Please use the binary data format for output")
+
+
+def reserved_header_text(name: str) -> str:
+    """A forwarded header named as a reserved parameter (Triton main's ForwardHeaders)."""
+    return f"Header '{name}' is reserved for Triton usage and cannot be forwarded."
+
+
 def unknown_model(model: str) -> TriremeError:
     return TriremeError(Code.NOT_FOUND, f"Request for unknown model: '{model}' is not found")
+
+
+def ambiguous_model(model: str, count: int) -> TriremeError:
+    """--model-namespacing: a name that more than one repository's loaded model has
+    (Triton's FindModelIdentifier)."""
+    return TriremeError(Code.INVALID_ARG, f"There are {count} identifiers of model '{model}' in "
+                                          "global map, model namespace must be provided to "
+                                          "resolve ambiguity.")
 
 
 def still_loading(model: str) -> TriremeError:

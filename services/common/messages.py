@@ -20,8 +20,10 @@ import msgspec
 from services.common.messages_ext import (
     ForgetRegions,
     GetLogSettings,
+    GetMetrics,
     LogSettings,
     LogSettingsChanged,
+    MetricsText,
     SetLogSettings,
     ShmRegions,
     ShmRegister,
@@ -93,6 +95,9 @@ class Kind(enum.IntEnum):
     TRACE_SETTINGS = 71            # scheduler -> frontend: its answer
     TRACE_LEVELS = 72              # scheduler -> frontends: which models may be traced
     TRACE_RECORD = 73              # frontend -> scheduler: a sampled request's trace
+
+    GET_METRICS = 80               # frontend -> scheduler
+    METRICS_TEXT = 81              # scheduler -> frontend: its answer
 
 
 class TensorRef(_Msg):
@@ -529,6 +534,8 @@ _KIND_OF: dict[type[_Msg], Kind] = {
     TraceSettings: Kind.TRACE_SETTINGS,
     TraceLevels: Kind.TRACE_LEVELS,
     TraceRecord: Kind.TRACE_RECORD,
+    GetMetrics: Kind.GET_METRICS,
+    MetricsText: Kind.METRICS_TEXT,
 }
 # ReleaseOutputs shares the RELEASE_BLOCKS kind byte on the scheduler -> worker leg.
 _KIND_BYTES = {cls: bytes([k]) for cls, k in _KIND_OF.items()}

@@ -128,3 +128,16 @@ class TraceRecord(Msg):
     written by the frontend once the response is sent; the scheduler files it."""
     trace_id: int
     text: str
+
+
+# ---------------------------------------------------------------- metrics text
+class GetMetrics(Msg):
+    """The scheduler's /metrics text, for a generate response's ORCA load report (the
+    endpoint-load-metrics header; frontend/http/orca.py)."""
+    ctl_id: int
+
+
+class MetricsText(Msg):
+    """GetMetrics's answer: "" when metrics are off (--allow-metrics=false)."""
+    ctl_id: int
+    text: str

@@ -36,19 +36,31 @@ DUPLICATE_POLL_ERROR = "failed to poll model '{name}': not unique across all mod
 class ModelSource:
     name: str
     path: Path
+    namespace: str = ""   # its repository, with --model-namespacing (Triton's namespace)
+
+    @property
+    def key(self) -> str:
+        return model_key(self.namespace, self.name)
 
 
-def scan(repositories: list[Path]) -> tuple[dict[str, ModelSource], dict[str, str]]:
-    """Every non-hidden subdirectory of every repository is a model.
+def model_key(namespace: str, name: str) -> str:
+    """The identity of a model: its name, or with --model-namespacing Triton's
+    ModelIdentifier text "<repository>::<name>" (what Triton's own messages show)."""
+    return f"{namespace}::{name}" if namespace else name
 
-    Returns (models, duplicates): a name found in two or more repositories is not served;
-    it goes into `duplicates` with the reason the repository index shows for it.
+
+def scan(repositories: list[Path], namespacing: bool = False
+         ) -> tuple[dict[str, ModelSource], dict[str, str]]:
+    """Every non-hidden subdirectory of every repository is a model, by its key.
+
+    Returns (models, duplicates): without namespacing a name found in two or more
+    repositories is not served; it goes into `duplicates` with the reason the repository
+    index shows for it. With namespacing each repository's models are keyed apart.
     Raises INVALID_ARG "failed to stat file <path>" for a repository that does not exist.
     """
     found: dict[str, ModelSource] = {}
     dups: dict[str, str] = {}
-    for repo in repositories:
-        repo = Path(repo)
+    for repo in dict.fromkeys(Path(r) for r in repositories):   # (a set, as Triton's)
         try:
             is_dir = repo.is_dir()
             exists = is_dir or repo.exists()
@@ -72,6 +84,10 @@ def scan(repositories: list[Path]) -> tuple[dict[str, ModelSource], dict[str, st
             except OSError:
                 continue
             name = entry.name
+            if namespacing:
+                src = ModelSource(name, repo / name, str(repo))
+                found[src.key] = src
+                continue
             if name in dups:
                 continue
             if name in found:

@@ -94,6 +94,10 @@ class DataPlaneAPI(Protocol):
         waits for it: requests reach the scheduler in the order the client sent them)."""
         ...
 
+    async def metrics_text(self) -> str:
+        """The scheduler's /metrics text ("" with metrics off)."""
+        ...
+
     def release(self, resp: CoreResponse) -> None:
         """The adapter has written ``resp``: its output blocks go back to their owner."""
         ...

@@ -189,7 +189,7 @@ class DataPlane(ControlCalls, TraceCalls, Outbox):
                 else:   # not ours (an earlier process's, or answered already): no order slot
                     self._drop(r, frames)
         elif isinstance(msg, (m.ModelInfo, m.Index, m.ControlDone, m.Stats,
-                              m.ShmRegions, m.LogSettings, m.TraceSettings)):
+                              m.ShmRegions, m.LogSettings, m.TraceSettings, m.MetricsText)):
             fut = self._pending.pop(msg.ctl_id, None)   # (_call put a Future there)
             if isinstance(fut, asyncio.Future) and not fut.done():
                 fut.set_result(msg)

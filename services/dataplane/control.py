@@ -102,6 +102,11 @@ class ControlCalls:
             raise error_from(reply.error)
         return reply.stats
 
+    async def metrics_text(self) -> str:
+        """The scheduler's /metrics text ("" with metrics off)."""
+        reply: m.MetricsText = await self._call(m.GetMetrics(next(self._ids)))
+        return reply.text
+
     # ------------------------------------------------------------------ inference
 
 

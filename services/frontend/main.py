@@ -13,6 +13,7 @@ from services.common.flags import parse_bool
 from services.common.procutil import die_with_parent, set_title, tune_gc
 from services.common.shm import DEFAULT_INLINE_THRESHOLD
 from services.dataplane.client import DataPlane
+from services.frontend.forward import pattern_arg
 from services.frontend.grpc.limits import add_grpc_limit_args, grpc_limits_from_args
 from services.frontend.restricted import GROUPS as RESTRICTED_GROUPS
 from services.frontend.restricted import RestrictionAction, Restrictions
@@ -108,6 +109,11 @@ def add_frontend_args(p: argparse.ArgumentParser) -> list[argparse.Action]:
                        help="gRPC methods of these groups need metadata "
                             "triton-grpc-protocol-<key>: <value> (repeatable). Groups: as "
                             "--http-restricted-api"),
+        p.add_argument("--http-header-forward-pattern", type=pattern_arg, default=None,
+                       metavar="REGEX", help="HTTP infer requests' headers whose names match "
+                       "(any case, anywhere in the name) reach the model as request parameters"),
+        p.add_argument("--grpc-header-forward-pattern", type=pattern_arg, default=None,
+                       metavar="REGEX", help="the same for gRPC inference calls' metadata"),
         *add_grpc_limit_args(p),
         *add_tls_args(p, "grpc"),
         *add_tls_args(p, "http"),
@@ -149,6 +155,8 @@ def settings_from_args(args: argparse.Namespace, scheduler_addr: str,
         restricted=Restrictions.parse(args.http_restricted_api or (),
                                       args.grpc_restricted_protocol or ()),
         grpc_limits=grpc_limits_from_args(args),
+        http_header_forward_pattern=args.http_header_forward_pattern,
+        grpc_header_forward_pattern=args.grpc_header_forward_pattern,
         grpc_tls=tls_from_args(args, "grpc") if args.allow_grpc else None,
         http_tls=tls_from_args(args, "http") if args.allow_http else None)
 

@@ -1,9 +1,11 @@
 """Frontend settings, one field per `tritonserver` flag that the frontend honours."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from services.dataplane.settings import DataPlaneSettings
+from services.frontend.forward import compile_pattern
 from services.frontend.grpc.limits import GrpcLimits
 from services.frontend.restricted import Restrictions
 from services.frontend.tls import TlsConfig
@@ -55,6 +57,11 @@ class FrontendSettings(DataPlaneSettings):
     --grpc-server-key, --grpc-root-cert; tls.py); None: plain text."""
     http_tls: TlsConfig | None = None
     """HTTPS (--http-use-ssl and the same four under --http-; tls.py); None: plain text."""
+    http_header_forward_pattern: str | None = None
+    """HTTP infer requests' headers whose names match become request parameters
+    (--http-header-forward-pattern; forward.py); None: none do."""
+    grpc_header_forward_pattern: str | None = None
+    """The same for gRPC inference calls' metadata (--grpc-header-forward-pattern)."""
 
     def server_metadata(self) -> dict:
         return {"name": self.server_name, "version": self.server_version, "extensions": EXTENSIONS}
@@ -64,3 +71,11 @@ class FrontendSettings(DataPlaneSettings):
             raise ValueError(f"grpc_impl must be 'native' or 'aio', got '{self.grpc_impl}'")
         if self.http_impl not in ("native", "aiohttp"):
             raise ValueError(f"http_impl must be 'native' or 'aiohttp', got '{self.http_impl}'")
+        for name in ("http_header_forward_pattern", "grpc_header_forward_pattern"):
+            pattern = getattr(self, name)
+            if pattern is not None:
+                try:
+                    compile_pattern(pattern)
+                except re.error as e:
+                    raise ValueError(f"{name}: invalid regular expression '{pattern}': {e}") \
+                        from None

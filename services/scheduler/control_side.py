@@ -80,7 +80,9 @@ class ControlSide:
         """The statistics extension: every ready version, one model, or one version."""
         versions = self._ready_versions()
         if msg.model:
-            ready = [v for n, v in versions if n == msg.model]
+            entry = self.models.lookup(msg.model)   # (an ambiguous name: "not available")
+            key = entry.key if entry is not None else ""
+            ready = [v for n, v in versions if n == key]
             if not ready:
                 return m.Stats(msg.ctl_id, error=m.ErrorRecord(
                     int(Code.INVALID_ARG), f"requested model '{msg.model}' is not available"))
@@ -88,13 +90,14 @@ class ControlSide:
                 return m.Stats(msg.ctl_id, error=m.ErrorRecord(
                     int(Code.INVALID_ARG),
                     f"requested model version is not available for model '{msg.model}'"))
-            versions = [(msg.model, v) for v in ([msg.version] if msg.version >= 0 else ready)]
-        return m.Stats(msg.ctl_id, [self.stats.get(n, v).to_message(n, v) for n, v in versions])
+            versions = [(key, v) for v in ([msg.version] if msg.version >= 0 else ready)]
+        return m.Stats(msg.ctl_id, [self.stats.get(k, v).to_message(self.models.split_key(k)[0], v)
+                                    for k, v in versions])
 
     async def _check_ready(self, identity: bytes, msg: m.CheckReady) -> None:
         """Ready when every instance of the version says so within PROBE_TIMEOUT_S (a
         worker answers between batches; a model that hangs is not ready)."""
-        entry = self.models.models.get(msg.model)
+        entry = self.models.lookup(msg.model)
         vs = entry.ready_version(msg.version) if entry is not None else None
         err = None
         if entry is None or vs is None:

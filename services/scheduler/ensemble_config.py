@@ -360,6 +360,24 @@ def validate_steps(cfg: mc.ModelConfig, composing: Mapping[str, Any]) -> None:
     _check_steps(cfg, composing)
 
 
+def ensemble_labels(cfg: mc.ModelConfig, own: Mapping[str, list[str]],
+                    composing: Mapping[str, Mapping[str, list[str]]]) -> dict[str, list[str]]:
+    """The label lines of each ensemble output (classification), as Triton completes an
+    ensemble's LabelProvider at load (model_lifecycle.cc): the ensemble's own label_filename
+    lines (``own``), else those of the composing model output its step maps to that ensemble
+    output. ``composing``: step model name -> its labels, themselves completed when it is an
+    ensemble (so labels travel through ensembles of ensembles)."""
+    labels = dict(own)
+    outputs = {io.name for io in cfg.output}
+    for step in cfg.ensemble_scheduling.step:
+        for key, tensor in _items(step.output_map):
+            if tensor in outputs and tensor not in labels:
+                found = composing.get(step.model_name, {}).get(key)
+                if found:
+                    labels[tensor] = found
+    return labels
+
+
 def is_decoupled(cfg: mc.ModelConfig, composing: Mapping[str, Any]) -> bool:
     """What Triton writes into the ensemble's model_transaction_policy.decoupled once
     `validate_steps` passes: whether a decoupled step's responses reach the ensemble."""

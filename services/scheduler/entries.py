@@ -3,7 +3,6 @@ version, and the ModelInfo frontends are answered with, rendered from an entry."
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,12 +11,9 @@ from protos import model_config_pb2 as mc
 from services.common import config as cfgmod
 from services.common import messages as m
 from services.common.datatypes import config_to_api
-from services.common.errors import TriremeError
-from services.common.repository import read_labels
+from services.common.repository import model_key
 from services.common.states import ModelState
 from services.scheduler.dispatch import Instance, VersionQueue
-
-log = logging.getLogger("trireme.models")
 
 READY, LOADING, UNAVAILABLE, UNLOADING = (ModelState.READY, ModelState.LOADING,
                                           ModelState.UNAVAILABLE, ModelState.UNLOADING)
@@ -43,7 +39,17 @@ class ModelEntry:
     instances: list[Instance] = field(default_factory=list)
     fingerprint: str = ""                     # repository.fingerprint() when last (re)loaded
     override_dir: Path | None = None          # temp model dir of a load's "file:" parameters
-    composing: list[str] = field(default_factory=list)   # an ensemble's step models
+    composing: list[str] = field(default_factory=list)   # an ensemble's step models' keys
+    namespace: str = ""                       # its repository, with --model-namespacing
+    # output -> its label_filename lines (classification), read at load: a file that cannot
+    # be read fails the load, as in Triton; an ensemble's come from its steps' models too
+    labels: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        """Its identity in the ModelManager (repository.model_key): the name, or with
+        --model-namespacing "<repository>::<name>"."""
+        return model_key(self.namespace, self.name)
 
     def ready_version(self, version: int) -> VersionState | None:
         if version == 0:
@@ -72,18 +78,4 @@ def model_info(entry: ModelEntry) -> m.ModelInfo:
         config_json=json.dumps(cfgmod.config_to_json(cfg), separators=(",", ":")),
         decoupled=cfg.model_transaction_policy.decoupled,
         probe_ready=any(i.probe for i in entry.instances),
-        labels=_labels(entry))
-
-
-def _labels(entry: ModelEntry) -> dict[str, list[str]]:
-    """Each output's label_filename lines, for classification outputs (read once: the
-    ModelInfo is cached until the model changes). A file that cannot be read leaves its
-    output without labels."""
-    if entry.path is None or not any(o.label_filename for o in entry.config.output):
-        return {}
-    try:
-        return read_labels(entry.path, entry.config)
-    except TriremeError as e:
-        log.warning("model '%s': %s; its classification outputs carry no labels", entry.name,
-                    e.message)
-        return {}
+        labels=entry.labels)

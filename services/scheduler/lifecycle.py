@@ -16,6 +16,7 @@ its requests fail UNAVAILABLE with a text naming that timeout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -33,12 +34,14 @@ from services.common import repository as repo
 from services.common.errors import Code, TriremeError, invalid_arg, not_ready_text, poll_failed, unknown_model
 from services.scheduler.dispatch import Instance
 from services.scheduler.ensemble_config import (
+    ensemble_labels,
     is_decoupled,
     missing_models_text,
     validate_ensemble,
     validate_steps,
 )
 from services.scheduler.entries import READY, UNAVAILABLE, UNLOADING, ModelEntry, VersionState, model_info
+from services.scheduler.namespaces import ModelNames
 from services.scheduler.recovery import InstanceRecovery
 from services.scheduler.watchdog import Watchdog, execution_limit, exit_timeout_text, unload_timeout_text
 
@@ -54,7 +57,7 @@ _worker_ids = itertools.count(1)
 _RUN = os.urandom(3).hex()
 
 
-class ModelManager(InstanceRecovery):
+class ModelManager(InstanceRecovery, ModelNames):
     """Owns every ModelEntry; the Scheduler gives it the process and messaging hooks."""
 
     def __init__(self, repositories: list[Path], *, spawn_instance: Callable, stop_instance: Callable,
@@ -64,16 +67,21 @@ class ModelManager(InstanceRecovery):
                  execution_timeout_s: float = 0.0, unload_timeout_s: float = UNLOAD_TIMEOUT_S,
                  call_later: Callable[[float, Callable[[], None]], Any] | None = None,
                  clock: Callable[[], int] = time.monotonic_ns,
-                 wait_for_host: Callable | None = None) -> None:
+                 wait_for_host: Callable | None = None, namespacing: bool = False) -> None:
         self.repositories = repositories
+        # --model-namespacing: models are keyed "<repository>::<name>" (namespaces.py)
+        self.namespacing = namespacing
+        self._keys: dict[str, list[str]] = {}   # name -> the keys of its entries (namespacing)
         # async (Instance, give_up: () -> bool): returns once a worker host could run it
         self.wait_for_host = wait_for_host
         self.models: dict[str, ModelEntry] = {}
         # async (Instance, config bytes, model_dir, autocomplete) -> mc.ModelConfig
         self.spawn_instance = spawn_instance
         self.stop_instance = stop_instance        # async (Instance) -> None
-        self.make_queue = make_queue              # (model, version, completed config) -> VersionQueue
-        self.changed = changed
+        self.make_queue = make_queue              # (model key, version, completed config) -> VersionQueue
+        # (keys in, names out: frontends know models by name)
+        self.changed = changed if not namespacing else (
+            lambda keys: changed(list(dict.fromkeys(self.split_key(k)[0] for k in keys))))
         self.config_name = config_name
         self.disable_autocomplete = disable_autocomplete
         self.limiter = limiter                    # RateLimiter with --rate-limit execution_count
@@ -91,23 +99,28 @@ class ModelManager(InstanceRecovery):
 
     # ---------------------------------------------------------------- repository
     def scan(self) -> dict[str, repo.ModelSource]:
-        sources, duplicates = repo.scan(self.repositories)
+        """The repositories' models by key; each gets an entry (not loaded yet)."""
+        sources, duplicates = repo.scan(self.repositories, self.namespacing)
         for name, why in duplicates.items():
             e = self.models.setdefault(name, ModelEntry(name))
             if e.reason != why:
                 log.error(repo.DUPLICATE_POLL_ERROR.format(name=name))
             e.state, e.reason = UNAVAILABLE, why
-        for name, src in sources.items():
-            e = self.models.setdefault(name, ModelEntry(name, src.path))
+        for key, src in sources.items():
+            e = self.models.setdefault(key, ModelEntry(src.name, src.path, namespace=src.namespace))
             if e.override_dir is None:   # a model loaded from "file:" parameters stays there
                 e.path = src.path
+        if self.namespacing:   # (entries are only added here: this index stays complete)
+            self._keys = {}
+            for key, e in self.models.items():
+                self._keys.setdefault(e.name, []).append(key)
         return sources
 
     def index(self, ready_only: bool) -> list[m.IndexEntry]:
         self.scan()
         out: list[m.IndexEntry] = []
-        for name in sorted(self.models):
-            e = self.models[name]
+        for e in sorted(self.models.values(), key=lambda e: (e.namespace, e.name)):   # (Triton's order)
+            name = e.name
             if not e.versions:
                 if not ready_only:
                     out.append(m.IndexEntry(name, state=e.state or "", reason=e.reason))
@@ -120,30 +133,49 @@ class ModelManager(InstanceRecovery):
         return out
 
     def info(self, name: str) -> m.ModelInfo:
-        e = self.models.get(name)
-        if e is None or (e.state is None and not e.versions):   # (never loaded: Triton's too)
+        try:
+            e = self.resolve(name)
+        except TriremeError as ambiguous:
+            return m.ModelInfo(0, name, error=m.ErrorRecord(int(ambiguous.code), ambiguous.message))
+        # never loaded, or in two repositories without namespacing: unknown, as in Triton
+        if e is None or not e.versions and (e.state is None or e.reason == repo.DUPLICATE_REASON):
             err = unknown_model(name)
-            return m.ModelInfo(0, name, error=m.ErrorRecord(int(err.code), err.message))
+            # (with namespacing Triton's lookup answers INVALID_ARG, in the same words)
+            code = Code.INVALID_ARG if self.namespacing else err.code
+            return m.ModelInfo(0, name, error=m.ErrorRecord(int(code), err.message))
         if e.info is None:
             e.info = model_info(e)
         return e.info
 
     # ---------------------------------------------------------------- load / unload
     async def load(self, name: str, override: Any = None, files: dict[str, bytes] | None = None) -> None:
-        lock = self._locks.setdefault(name, asyncio.Lock())
-        async with lock:
-            if self._closing:
-                raise TriremeError(Code.UNAVAILABLE, f"failed to load '{name}': server is shutting down")
-            await self._load(name, override, files or {})
+        """Load (or reload) a model by key or by name: with namespacing a name loads the
+        models of that name in every repository, as Triton's load does."""
+        keys = [name]
+        if self.namespacing and name not in self.models:
+            keys = sorted(k for k, s in self.scan().items() if s.name == name) or keys
+        first: TriremeError | None = None
+        for key in keys:
+            async with self._locks.setdefault(key, asyncio.Lock()):
+                if self._closing:
+                    raise TriremeError(Code.UNAVAILABLE, f"failed to load '{name}': server is shutting down")
+                try:
+                    await self._load(key, override, files or {})
+                except TriremeError as e:
+                    first = first or e
+        if first is not None:
+            raise first
 
-    async def _load(self, name: str, override: Any, files: dict[str, bytes]) -> None:
-        src = self.scan().get(name)
-        old = self.models.get(name)
+    async def _load(self, key: str, override: Any, files: dict[str, bytes]) -> None:
+        name = self.split_key(key)[0]
+        src = self.scan().get(key)
+        old = self.models.get(key)
         if old is None or src is None:
             raise poll_failed(name)
         # (old.path is the override dir when the model was last loaded from "file:" parameters)
         model_dir = src.path                # new.path, as a Path that is never None
-        new = ModelEntry(name, model_dir, fingerprint=repo.fingerprint(src.path))
+        new = ModelEntry(name, model_dir, fingerprint=repo.fingerprint(src.path),
+                         namespace=src.namespace)
         old.fingerprint = new.fingerprint   # a failed load is retried only when files change
         try:
             if files:   # Triton's override model directory: these files, not the repository's
@@ -164,10 +196,11 @@ class ModelManager(InstanceRecovery):
         if not old.versions:   # (a reload keeps the old versions serving until the new ones are up)
             old.versions = {v: VersionState(v) for v in versions}
             old.info = None
-            self.changed([name])
+            self.changed([key])
         # Until it is READY the new entry is only here: shutdown() must see its workers too.
         self._starting.append(new)
         try:
+            new.labels = repo.read_labels(model_dir, cfg)   # (Triton: per version, before instances)
             if cfg.HasField("ensemble_scheduling"):
                 cfg = await self._start_ensemble(new, cfg, versions)
             else:
@@ -193,9 +226,9 @@ class ModelManager(InstanceRecovery):
         new.config = cfg
         for _v, vs in new.versions.items():
             vs.state = READY
-        previous = self.models.get(name)
-        self.models[name] = new
-        self.changed([name])
+        previous = self.models.get(key)
+        self.models[key] = new
+        self.changed([key])
         if previous is not None and previous is not new:
             await self._retire(previous, "unloaded")
 
@@ -207,7 +240,7 @@ class ModelManager(InstanceRecovery):
         entry.versions = {v: VersionState(v, UNAVAILABLE, reason) for v in entry.versions} \
             if entry.versions else {}
         entry.info = None
-        self.changed([entry.name])
+        self.changed([entry.key])
 
     async def _start_ensemble(self, entry: ModelEntry, cfg: Any, versions: list[int]) -> Any:
         """An ensemble has no instances: its composing models are loaded (those not loaded
@@ -216,36 +249,46 @@ class ModelManager(InstanceRecovery):
         validate_ensemble(cfg)
         names = list(dict.fromkeys(step.model_name for step in cfg.ensemble_scheduling.step))
         available = self.scan()
-        missing = [n for n in names if n not in available]   # (step order: Triton names the first)
+        keys = {n: self._step_source(entry, n, available) for n in names}
+        missing = [n for n in names if not keys[n]]   # (step order: Triton names the first)
         if missing:
-            raise invalid_arg(missing_models_text(entry.name, missing))
-        if entry.name in self._ensembles_loading:
+            raise invalid_arg(missing_models_text(entry.key, missing))
+        if entry.key in self._ensembles_loading:
             raise invalid_arg(f"circular dependency: ensemble '{entry.name}' contains itself")
-        self._ensembles_loading.add(entry.name)
+        self._ensembles_loading.add(entry.key)
         try:
             for n in names:
-                await self._ensure_loaded(n)
+                await self._ensure_loaded(keys[n])
+            # Triton polls a step's name in every repository: the other repositories' models
+            # of that name load too (their failures are theirs, not the ensemble's)
+            for k in [k for k, s in available.items() if s.name in keys and k not in keys.values()]:
+                with contextlib.suppress(TriremeError):
+                    await self._ensure_loaded(k)
         finally:
-            self._ensembles_loading.discard(entry.name)
-        composing = {n: self.models[n].config for n in names}
+            self._ensembles_loading.discard(entry.key)
+        composing = {n: self.models[keys[n]].config for n in names}
         validate_steps(cfg, composing)
+        entry.labels = ensemble_labels(cfg, entry.labels, {n: self.models[keys[n]].labels for n in names})
         # Triton: an ensemble with a decoupled step streams (its clients use a stream).
         cfg.model_transaction_policy.decoupled = is_decoupled(cfg, composing)
-        entry.composing = names
+        entry.composing = list(keys.values())
+        if self.namespacing:   # (Triton's config shows where each step was found)
+            for step in cfg.ensemble_scheduling.step:
+                step.model_namespace = self.split_key(keys[step.model_name])[1]
         if cfg.ensemble_scheduling.max_inflight_requests > 0:   # (Triton's words: its QA greps them)
             log.info("Ensemble model '%s' configured with max_inflight_requests: %d", entry.name,
                      cfg.ensemble_scheduling.max_inflight_requests)
         for v in versions:
-            entry.versions[v].queue = self.make_queue(entry.name, v, cfg)
+            entry.versions[v].queue = self.make_queue(entry.key, v, cfg)
         return cfg
 
-    async def _ensure_loaded(self, name: str) -> None:
-        """Load ``name`` unless it is loaded (a load in progress is waited for)."""
-        async with self._locks.setdefault(name, asyncio.Lock()):
-            e = self.models.get(name)
+    async def _ensure_loaded(self, key: str) -> None:
+        """Load ``key`` unless it is loaded (a load in progress is waited for)."""
+        async with self._locks.setdefault(key, asyncio.Lock()):
+            e = self.models.get(key)
             if e is None or e.config is None or not any(
                     v.state == READY for v in e.versions.values()):
-                await self._load(name, None, {})
+                await self._load(key, None, {})
 
     async def _start_instances(self, entry: ModelEntry, cfg: Any, versions: list[int]) -> Any:
         plan: list[tuple[int, Any, int]] = []  # (version, group, index)
@@ -255,7 +298,7 @@ class ModelManager(InstanceRecovery):
                     plan.append((v, group, i))
 
         def make(v: int, group: Any, i: int) -> Instance:
-            inst = Instance(f"w{_RUN}.{next(_worker_ids)}", f"{group.name}_{i}", entry.name, v,
+            inst = Instance(f"w{_RUN}.{next(_worker_ids)}", f"{group.name}_{i}", entry.key, v,
                             *_placement(group, i), config=group)
             entry.instances.append(inst)
             return inst
@@ -286,7 +329,7 @@ class ModelManager(InstanceRecovery):
             self.limiter.check(entry.name, [(i.version, i.config, i.kind, i.device_id)
                                             for i in entry.instances])
         for v in versions:
-            entry.versions[v].queue = self.make_queue(entry.name, v, completed)
+            entry.versions[v].queue = self.make_queue(entry.key, v, completed)
         for inst in entry.instances:
             queue = entry.versions[inst.version].queue
             assert queue is not None        # set just above for every version
@@ -297,20 +340,28 @@ class ModelManager(InstanceRecovery):
         return completed
 
     async def unload(self, name: str) -> None:
-        lock = self._locks.setdefault(name, asyncio.Lock())
+        """Unload a model by key or by name (with namespacing: every model of that name)."""
+        keys = [name]
+        if self.namespacing and name not in self.models:
+            keys = list(self._keys.get(name, ()))
+        for key in keys:
+            await self._unload(key)
+
+    async def _unload(self, key: str) -> None:
+        lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
-            e = self.models.get(name)
+            e = self.models.get(key)
             if e is None or not e.versions:
                 return
             for vs in e.versions.values():
                 vs.state = UNLOADING
             e.info = None
-            self.changed([name])
+            self.changed([key])
             await self._retire(e, "unloaded")
             path = e.path if e.override_dir is None else None   # scan() finds the repository's
-            self.models[name] = ModelEntry(name, path, versions={
+            self.models[key] = ModelEntry(e.name, path, namespace=e.namespace, versions={
                 v: VersionState(v, UNAVAILABLE, "unloaded") for v in e.versions})
-            self.changed([name])
+            self.changed([key])
 
     async def _retire(self, entry: ModelEntry, reason: str) -> None:
         """Fail what is still queued, let the batches in flight finish within the unload
@@ -370,19 +421,19 @@ class ModelManager(InstanceRecovery):
 
         A failed reload keeps the old version serving (see _set_failed)."""
         sources = self.scan()
-        for name, src in sorted(sources.items()):
-            e = self.models.get(name)
+        for key, src in sorted(sources.items()):
+            e = self.models.get(key)
             loaded = e is not None and (e.versions or e.state == UNAVAILABLE)
             if e is not None and loaded and e.fingerprint == repo.fingerprint(src.path):
                 continue
             try:
-                await self.load(name)
+                await self.load(key)
             except TriremeError as err:
-                log.error("poll: '%s' failed to load: %s", name, err.message)
-        for name in [n for n, e in self.models.items() if n not in sources and e.versions]:
-            await self.unload(name)
-            self.models.pop(name, None)
-            self.changed([name])
+                log.error("poll: '%s' failed to load: %s", key, err.message)
+        for key in [k for k, e in self.models.items() if k not in sources and e.versions]:
+            await self.unload(key)
+            self.models.pop(key, None)
+            self.changed([key])
 
     def find_instance(self, worker_id: str) -> tuple[ModelEntry, Instance] | None:
         for e in self.models.values():

@@ -102,6 +102,8 @@ class SchedulerSettings:
     """--allow-cpu-metrics: nv_cpu_* on /metrics (with --allow-metrics)."""
     allow_gpu_metrics: bool = True
     """--allow-gpu-metrics: nv_gpu_* on /metrics where NVML finds a GPU (with --allow-metrics)."""
+    model_namespacing: bool = False
+    """--model-namespacing: a model name may be in several repositories (lifecycle.py)."""
 
 
 class Scheduler(ControlSide, WorkerSide):
@@ -124,7 +126,8 @@ class Scheduler(ControlSide, WorkerSide):
                                    STEP_IDENTITY)
         self.custom_metrics: dict[str, list] = {}   # worker id -> its model's custom families
         self.metrics = Metrics(self.stats, self._ready_versions,
-                               lambda: list(self.custom_metrics.values()), self._cluster_metrics)
+                               lambda: list(self.custom_metrics.values()), self._cluster_metrics,
+                               lambda key: self.models.split_key(key))
         self.limiter = (RateLimiter(settings.rate_limit_resources)
                         if settings.rate_limit == "execution_count" else None)
         # Triton's batching test hook: each batcher holds requests until this many are queued.
@@ -142,7 +145,8 @@ class Scheduler(ControlSide, WorkerSide):
             changed=self._changed, config_name=settings.config_name,
             disable_autocomplete=settings.disable_autocomplete, limiter=self.limiter,
             execution_timeout_s=settings.execution_timeout_secs,
-            unload_timeout_s=settings.unload_timeout_secs, wait_for_host=self._wait_for_host)
+            unload_timeout_s=settings.unload_timeout_secs, wait_for_host=self._wait_for_host,
+            namespacing=settings.model_namespacing)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -283,11 +287,14 @@ class Scheduler(ControlSide, WorkerSide):
             self._send_frontend(identity, logsettings.changed())
             self.traces.hello(identity)   # which requests to mark as traceable
         elif isinstance(msg, m.TraceSettingsRequest):
-            entry = self.models.models.get(msg.model) if msg.model else None
+            entry = self.models.lookup(msg.model) if msg.model else None
             self._send_frontend(identity, self.traces.answer(
                 msg, entry is not None and entry.ready_version(0) is not None))
         elif isinstance(msg, m.TraceRecord):
             self.traces.record(msg)
+        elif isinstance(msg, m.GetMetrics):
+            text = self.metrics.render() if self.settings.allow_metrics else ""
+            self._send_frontend(identity, m.MetricsText(msg.ctl_id, text))
 
     def _shares_memory(self, identity: bytes, model: str) -> bool:
         """Whether every instance of ``model`` can map this frontend's segments: then it
@@ -298,7 +305,7 @@ class Scheduler(ControlSide, WorkerSide):
 
     def _instance_domains(self, model: str, seen: set[str]) -> set[str]:
         """The shm domains of a model's instances (an ensemble's: its steps' models')."""
-        entry = self.models.models.get(model)
+        entry = self.models.lookup(model)
         if entry is None or model in seen:
             return set()
         seen.add(model)
@@ -325,22 +332,23 @@ class Scheduler(ControlSide, WorkerSide):
             self._send_frontend(identity, msg)
 
     def _infer_one(self, identity: bytes, req: m.InferRequest, frames: list[Any],
-                   shm_domain: str | None = None) -> None:
+                   shm_domain: str | None = None, entry: Any = None) -> None:
         """Queue one request; whatever it holds, it alone fails (the requests that came in
         the same message are queued all the same) and it still gets its answer."""
         counter = self._requests_from.get(identity)
         if counter is not None:
             counter[1] += 1
         try:
-            self._infer(identity, req, frames, shm_domain)
+            self._infer(identity, req, frames, shm_domain, entry)
         except Exception as e:
             log.exception("request %d for model '%s' could not be queued", req.req_id, req.model)
             self._fail_req(identity, req, Code.INTERNAL,
                            f"the request could not be queued: {type(e).__name__}: {e}")
 
     def _infer(self, identity: bytes, req: m.InferRequest, frames: list[Any],
-               shm_domain: str | None = None) -> None:
-        entry = self.models.models.get(req.model)
+               shm_domain: str | None = None, entry: Any = None) -> None:
+        if entry is None:   # (an ensemble step's comes resolved: ModelManager.step_entry)
+            entry = self.models.lookup(req.model)
         vs = entry.ready_version(req.version) if entry is not None else None
         if vs is None or vs.queue is None:
             if entry is None:
@@ -374,7 +382,7 @@ class Scheduler(ControlSide, WorkerSide):
         reason CANCELED). The others are running: the instances that can stop early are
         told (a decoupled request may still be streaming after its batch is done, so all
         of the version's); the rest finish and their results are dropped."""
-        entry = self.models.models.get(msg.model)
+        entry = self.models.lookup(msg.model)
         vs = entry.versions.get(msg.version) if entry is not None else None
         if vs is None or vs.queue is None:
             return
@@ -412,7 +420,8 @@ class Scheduler(ControlSide, WorkerSide):
         if run is not None and run[0].p.trace is not None:   # a traced request's step: a child trace
             req.trace = 1
             self.traces.expect_child(req.req_id, run[0].p.trace)
-        self._infer_one(STEP_IDENTITY, req, frames, shm_domain)
+        self._infer_one(STEP_IDENTITY, req, frames, shm_domain,
+                        self.models.step_entry(queue.model, req.model))
 
     def _on_step_results(self, identity: bytes, parts: list[Any]) -> None:
         msg, frames = m.decode(parts)

@@ -90,10 +90,11 @@ def _escape(v: str) -> str:
 
 class Metrics:
     def __init__(self, stats: StatsRegistry, ready: Callable[[], list],
-                 custom: Callable[[], list] = list, cluster: Callable[[], list[str]] = list
-                 ) -> None:
+                 custom: Callable[[], list] = list, cluster: Callable[[], list[str]] = list,
+                 split: Callable[[str], tuple[str, str]] = lambda key: (key, "")) -> None:
         self.stats = stats
-        self.ready = ready          # () -> sorted [(model, version)] ready now: unloaded drop out
+        self.ready = ready          # () -> sorted [(model key, version)] ready now: unloaded drop out
+        self.split = split          # model key -> (name, namespace: --model-namespacing's, or "")
         self.custom = custom        # () -> per worker, its model's MetricFamilyRecords
         self.cluster = cluster      # () -> lines of cluster_families()
         o = stats.options
@@ -107,7 +108,7 @@ class Metrics:
         """The exposition text; ``now_ns`` (monotonic) ends the summaries' windows."""
         o = self.options
         rows = [(k, self.stats.versions[k]) for k in self.ready() if k in self.stats.versions]
-        labels = {key: _labels(key, s) for key, s in rows}
+        labels = {key: _labels(*self.split(key[0]), key[1], s) for key, s in rows}
         out: list[str] = []
         out += self._model_families(rows, labels, "counter")
         out += self.host.counters()
@@ -175,9 +176,10 @@ class Metrics:
         return runner
 
 
-def _labels(key: tuple[str, int], s: VersionStats) -> str:
+def _labels(name: str, namespace: str, version: int, s: VersionStats) -> str:
     tags = "".join(f',{k}="{_escape(v)}"' for k, v in s.tags)
-    return f'model="{_escape(key[0])}",version="{key[1]}"{tags}'
+    ns = f',namespace="{_escape(namespace)}"' if namespace else ""   # (Triton's, when namespacing)
+    return f'model="{_escape(name)}"{ns},version="{version}"{tags}'
 
 
 def _summaries(rows: list, labels: dict, qs: list[float], now_ns: int) -> list[str]:

@@ -145,8 +145,8 @@ class WorkerSide:
             hello: m.WorkerReady = await asyncio.wait_for(ready, LOAD_TIMEOUT_S)
             inst.pid = hello.pid
             domain_before, inst.shm_domain = inst.shm_domain, hello.shm_domain
-            self._send_worker(inst.worker_id, m.LoadModel(
-                inst.model, inst.version, model_dir, config, inst.name, inst.kind,
+            self._send_worker(inst.worker_id, m.LoadModel(   # (the model's name, not its key)
+                self.models.split_key(inst.model)[0], inst.version, model_dir, config, inst.name, inst.kind,
                 0 if inst.kind == "KIND_GPU" else inst.device_id, autocomplete,
                 self.settings.frontend_addr, self.step_addr))
             reply: m.ModelLoaded = await asyncio.wait_for(loaded, LOAD_TIMEOUT_S)

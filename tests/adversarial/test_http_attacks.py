@@ -299,6 +299,35 @@ def test_more_than_65536_chunks(server, watch, chunks):
     s.close()
 
 
+def _chunked(body: bytes) -> bytes:
+    return b"%X\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+
+
+def test_chunked_body_with_a_content_length(server, watch):
+    """Transfer-Encoding: chunked and a Content-Length (RFC 9112 §6.3: the chunks are the
+    body; Triton takes it): 50 connections declare 60 MB, one more than the limit, each
+    sends a small chunked body and a request pipelined behind it. Each is answered 200 from
+    its chunks, nothing is allocated or refused for the declared length, and the
+    connection closes after the answer: the request behind it is never read. (The limit
+    on such a body as its chunks come: tests/unit/frontend/test_http_limits.py.)"""
+    doc = {"inputs": [{"name": f"INPUT{i}", "datatype": "FP32", "shape": [1, 16],
+                       "data": [float(i + 1)] * 16} for i in range(2)]}
+    body = json.dumps(doc).encode()
+    behind = b"GET /v2/health/ready HTTP/1.1\r\nHost: attacker\r\n\r\n"
+    sockets = []
+    for length in [60_000_000] * 50 + [100_000_000]:
+        s = _connect(server)
+        s.sendall(_infer_head(length, "Transfer-Encoding: chunked") + _chunked(body) + behind)
+        sockets.append(s)
+    for s in sockets:
+        answer = _until_closed(s)
+        head, _, rest = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK") and b"Connection: close" in head, head
+        outputs = json.loads(rest)["outputs"]        # one answer: the pipelined GET unread
+        assert [o["data"] for o in outputs] == [[3.0] * 16, [-1.0] * 16]
+        s.close()
+
+
 def test_connection_flood_beyond_the_cap(server, watch):
     """More connections than --http-max-connections: those beyond it are answered 503 at
     once and closed; those within it and the well-behaved client are served."""

@@ -38,6 +38,18 @@ def _config(name: str, datatype: str, batch: int, dims: str, labels: bool) -> st
             'instance_group [{ kind: KIND_CPU, count: 1 }]\n')
 
 
+def _ensemble(name: str, step: str, own_labels: bool) -> str:
+    """One step, IN -> ``step`` -> OUT; no label file of its own unless ``own_labels``."""
+    inner = ("IN", "OUT") if step.startswith("cls_ens") else ("INPUT0", "OUTPUT0")
+    label = ' label_filename: "own.txt"' if own_labels else ""
+    return (f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: 8\n'
+            'input [{ name: "IN" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
+            f'output [{{ name: "OUT" data_type: TYPE_FP32 dims: [ -1 ]{label} }}]\n'
+            f'ensemble_scheduling {{ step [{{ model_name: "{step}" model_version: -1 '
+            f'input_map {{ key: "{inner[0]}" value: "IN" }} '
+            f'output_map {{ key: "{inner[1]}" value: "OUT" }} }}] }}\n')
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("classification") / "models"
@@ -58,6 +70,11 @@ def server(tmp_path_factory):
         'output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 6 ] label_filename: "l.txt" },'
         ' { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 6 ] }]\n'))
     (root / "add_sub" / "l.txt").write_text("a\nb\nc\nd\ne\nf\n")
+    for name, step, own in (("cls_ens", "cls_fp32", False), ("cls_ens_ens", "cls_ens", False),
+                            ("cls_ens_own", "cls_fp32", True)):
+        models.write_config(root / name, _ensemble(name, step, own))
+        (root / name / "1").mkdir()
+    (root / "cls_ens_own" / "own.txt").write_text("A\nB\n")
     with start_server(root) as srv:
         yield srv
 
@@ -76,9 +93,9 @@ def grpc(server):
     c.close()
 
 
-def _infer(client, model, arr, datatype, k, binary=True, output="OUTPUT0"):
+def _infer(client, model, arr, datatype, k, binary=True, output="OUTPUT0", input="INPUT0"):
     mod = httpclient if isinstance(client, httpclient.InferenceServerClient) else grpcclient
-    inp = mod.InferInput("INPUT0", list(arr.shape), datatype)
+    inp = mod.InferInput(input, list(arr.shape), datatype)
     extra = {"binary_data": binary} if mod is httpclient else {}
     if mod is httpclient:
         inp.set_data_from_numpy(arr, binary_data=binary)
@@ -134,6 +151,19 @@ def test_model_without_batching_classifies_the_whole_tensor(call):
     assert out.tolist() == [b"9.000000:6", b"8.000000:7"]   # indices into the whole tensor
     out = _out(call("cls_fp32_nobatch", ROWS, "FP32", 100))
     assert out.shape == (12,) and out[-1] == b"0.500000:5"
+
+
+@pytest.mark.parametrize("model", ["cls_ens", "cls_ens_ens"])
+def test_ensemble_output_has_the_labels_of_the_output_it_maps_from(call, model):
+    """Triton completes an ensemble's labels from its steps' models (through an ensemble of
+    ensembles too): the ensemble's OUT has no label file, cls_fp32's OUTPUT0 has."""
+    out = _out(call(model, ROWS, "FP32", 3, input="IN", output="OUT"), "OUT")
+    assert out.tolist() == TOP3
+
+
+def test_ensemble_own_label_file_wins(call):
+    out = _out(call("cls_ens_own", ROWS, "FP32", 2, input="IN", output="OUT"), "OUT")
+    assert out.tolist() == [[b"5.000000:1:B", b"5.000000:3"], [b"9.000000:0:A", b"8.000000:1:B"]]
 
 
 def test_int32_without_labels(call):
@@ -243,3 +273,36 @@ def test_classification_with_shared_memory_is_refused(server):
                                            shared_memory_byte_size=64)
     assert _post(server, "cls_fp32", body) == (400, {
         "error": "Output can't set both 'shared_memory_region' and 'classification'"})
+
+
+def test_missing_label_file_fails_the_load(tmp_path):
+    """Triton fails the load: "failed to open text file for read <path>: <strerror>"; the
+    model is UNAVAILABLE with that reason (a load on its own and as an ensemble's step)."""
+    root = tmp_path / "models"
+    models.identity(root / "nolabels", "fp32")
+    models.write_config(root / "nolabels", _config("nolabels", "FP32", 8, "[ -1 ]", True))
+    models.write_config(root / "nolabels_ens", _ensemble("nolabels_ens", "nolabels", False))
+    (root / "nolabels_ens" / "1").mkdir()
+    text = f"failed to open text file for read {root / 'nolabels' / 'labels.txt'}: No such file or directory"
+    with start_server(root, "--model-control-mode", "explicit") as srv:
+        http = httpclient.InferenceServerClient(srv.http_url)
+        grpc = grpcclient.InferenceServerClient(srv.grpc_url)
+        try:
+            for client, status in ((http, "400"), (grpc, "StatusCode.INVALID_ARGUMENT")):
+                with pytest.raises(InferenceServerException) as e:
+                    client.load_model("nolabels")
+                assert (e.value.status(), e.value.message()) == (status, text)
+                assert not client.is_model_ready("nolabels")
+                with pytest.raises(InferenceServerException) as e:
+                    client.load_model("nolabels_ens")
+                assert e.value.status() == status and text in e.value.message()
+            index = {m["name"]: m for m in http.get_model_repository_index()}
+            assert (index["nolabels"]["state"], index["nolabels"]["reason"]) == ("UNAVAILABLE", text)
+            # the file appears: the next load succeeds and classifies with its labels
+            (root / "nolabels" / "labels.txt").write_text(LABELS)
+            http.load_model("nolabels_ens")
+            out = _out(_infer(grpc, "nolabels_ens", ROWS, "FP32", 3, input="IN", output="OUT"), "OUT")
+            assert out.tolist() == TOP3
+        finally:
+            http.close()
+            grpc.close()

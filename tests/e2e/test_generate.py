@@ -11,12 +11,13 @@ fails, these check the whole answer. What Triton answered that is
 surprising, and kept:
 - an error that comes back as a response (the model's) is 400 whatever its code (Triton
   reads the code of an error it has freed); errors found before the request runs keep
-  their own status (404 unknown model, 400 request checks, 500 TritonJson's type errors);
+  their own status (404 unknown model, 400 request checks; Triton's 500 for TritonJson's
+  type errors is 400 here, the client's mistake: docs/compat.md);
 - /generate runs decoupled models too, and answers "generate expects ..." with status 200
   unless exactly one response (or error) came;
 - "id" is the request id and also a request parameter; duplicate keys are read once each
   from their first value and fail as duplicate inputs;
-- a parse error of the body is 500.
+- a parse error of the body is 500 (400 here, as above).
 
 The models: "mock_llm" (decoupled; Triton's generate_models/mock_llm config, our code),
 "mock_llm_nd" (the same, not decoupled), "echo" (optional inputs of several datatypes and
@@ -127,9 +128,9 @@ INVALID_TYPES = [
 
 @pytest.mark.parametrize("route", ["generate", "generate_stream"])
 def test_invalid_input_types(srv, route):
-    """TritonJson's type errors are INTERNAL: 500."""
+    """TritonJson's type errors (Triton: 500; the client's mistake: 400, as /infer)."""
     for doc, want in INVALID_TYPES:
-        assert generate(srv, "mock_llm", doc, route) == (500, JSON, error(want))
+        assert generate(srv, "mock_llm", doc, route) == (400, JSON, error(want))
 
 
 DUPLICATES = [
@@ -200,7 +201,7 @@ def test_complex_schema(srv):
     assert generate(srv, "mock_llm", doc) == (400, JSON, error(
         "parameter 'PARAMS' has invalid type. It should be either 'int', 'bool', or 'string'."))
     doc = {"PROMPT": {"USER": "hello world", "BOT": "world hello"}, "STREAM": True}
-    assert generate(srv, "mock_llm", doc) == (500, JSON, error(
+    assert generate(srv, "mock_llm", doc) == (400, JSON, error(
         "Unable to parse JSON bytes array: attempt to access JSON non-string as string"))
 
 
@@ -209,7 +210,7 @@ def test_parameters(srv):
     doc = {"PROMPT": ["hello world"], "STREAM": True, "parameters": {"REPETITION": 3}}
     assert generate(srv, "mock_llm", doc, "generate_stream") == (200, SSE, sse(one, one, one))
     doc["parameters"] = 1
-    assert generate(srv, "mock_llm", doc) == (500, JSON, error(
+    assert generate(srv, "mock_llm", doc) == (400, JSON, error(
         "Expected JSON object for keyword: 'parameters': attempt to access JSON non-object as "
         "object"))
     doc["parameters"] = {"nested": {"twice": 1}}

@@ -193,14 +193,14 @@ ECHO_ERRORS = [
     ('{"M": [1,2,3]}', 400, "The schema can not convert input 'M' to tensor with proper shape"),
     ('{"H": 1.0}', 400, "receiving FP16 data via JSON is not supported. Please use the binary "
                         "data format for input H"),
-    ('{"I": 1.5}', 500, "Unable to parse 'data': attempt to access JSON non-signed-integer as "
+    ('{"I": 1.5}', 400, "Unable to parse 'data': attempt to access JSON non-signed-integer as "
                         "signed-integer"),
-    ('{"U": -1}', 500, "Unable to parse 'data': attempt to access JSON non-unsigned-integer as "
+    ('{"U": -1}', 400, "Unable to parse 'data': attempt to access JSON non-unsigned-integer as "
                        "unsigned-integer"),
-    ('{"D": "1"}', 500, "Unable to parse 'data': attempt to access JSON non-number as double"),
-    ('{"I": [[1,2],[3]]}', 500, "Unable to parse 'data': Shape does not match true shape of "
+    ('{"D": "1"}', 400, "Unable to parse 'data': attempt to access JSON non-number as double"),
+    ('{"I": [[1,2],[3]]}', 400, "Unable to parse 'data': Shape does not match true shape of "
                                 "'data' field"),
-    ('{"I": [[],[]]}', 500, "Unable to parse 'data': Shape does not match true shape of 'data' "
+    ('{"I": [[],[]]}', 400, "Unable to parse 'data': Shape does not match true shape of 'data' "
                             "field"),
     ('{"S": [["a","b"],["c"]]}', 400, "[request id: <id_unknown>] unexpected number of string "
                                       "elements 3 for inference input 'S' for model 'echo', "
@@ -211,14 +211,23 @@ ECHO_ERRORS = [
     ('{"S": "x", "parameters": {"n": null}}', 400, "Converting keyword: 'parameters': parameter "
                                                    "'n' has invalid type. It should be either "
                                                    "'int', 'bool', or 'string'."),
-    ('{"S": "x", "parameters": [1]}', 500, "Expected JSON object for keyword: 'parameters': "
+    ('{"S": "x", "parameters": [1]}', 400, "Expected JSON object for keyword: 'parameters': "
                                            "attempt to access JSON non-object as object"),
     ('{"S": "x", "zz": null}', 400, "parameter 'zz' has invalid type. It should be either "
                                     "'int', 'bool', or 'string'."),
-    ('{"id": 42, "S": "x"}', 500, "Unable to parse 'id': attempt to access JSON non-string as "
+    ('{"id": 42, "S": "x"}', 400, "Unable to parse 'id': attempt to access JSON non-string as "
                                   "string"),
-    ('[1]', 500, "attempt to get members for non-object"),
-    ('', 500, "failed to parse the request JSON buffer: The document is empty. at 0"),
+    ('[1]', 400, "attempt to get members for non-object"),
+    ('', 400, "failed to parse the request JSON buffer: The document is empty. at 0"),
+    # the infer path's rules (datatypes.json_to_buffer, json_body.check_nesting) and texts
+    ('{"I": [1, 2.0]}', 400, "Unable to parse 'data': attempt to access JSON "
+                             "non-signed-integer as signed-integer"),
+    ('{"D": ' + "[" * 101 + "1" + "]" * 101 + '}', 400, "Unable to parse 'data': JSON nesting "
+                                                        "depth exceeds maximum allowed limit (100)"),
+    ('{"S": ' + "[" * 101 + '"a"' + "]" * 101 + '}', 400, "JSON nesting depth exceeds maximum "
+                                                          "allowed limit (100)"),
+    ('{"S": [["a"], 1]}', 400, "Unable to parse JSON bytes array: attempt to access JSON "
+                               "non-string as string"),
 ]
 
 

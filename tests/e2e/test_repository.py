@@ -245,8 +245,8 @@ def test_two_repositories(http):
                            "reason": "model appears in two or more repositories"}]
     assert not http.is_model_ready("dup")
     e = http_error(add_sub_infer, http, "dup")
-    assert e.status() == "404"
-    assert e.message() == "Request for unknown model: 'dup' has no available versions"
+    assert e.status() == "404"   # (Triton 2.51: never loaded, so not found)
+    assert e.message() == "Request for unknown model: 'dup' is not found"
 
 
 def test_load_unload_refused_in_mode_none(http, grpc):

@@ -36,8 +36,11 @@ def repo(tmp_path_factory):
     return root
 
 
-def run_dirs(pid: int) -> list[str]:
-    return glob.glob(os.path.join(tempfile.gettempdir(), f"trireme-{pid}-*"))
+def run_dirs(pid: int, since: float = 0.0) -> list[str]:
+    """The run directories of `trireme serve` process ``pid`` made at ``since`` or later
+    (an earlier process with the same pid may have left one behind: pids are reused)."""
+    return [d for d in glob.glob(os.path.join(tempfile.gettempdir(), f"trireme-{pid}-*"))
+            if os.stat(d).st_mtime >= since]
 
 
 def traffic(srv, n_small: int = 4) -> None:
@@ -65,8 +68,9 @@ def traffic(srv, n_small: int = 4) -> None:
 def signal_and_check(srv, sig: int, family: set[int] | None = None, *, traceback_ok: bool = False) -> None:
     family = family or srv.family()
     assert len(family) >= 4, family     # serve, frontend(s), workers
-    assert run_dirs(srv.proc.pid), "the run directory holds the ipc sockets while serving"
-    assert glob.glob(os.path.join(run_dirs(srv.proc.pid)[0], "*.sock"))
+    since = psutil.Process(srv.proc.pid).create_time() - 1.0
+    assert run_dirs(srv.proc.pid, since), "the run directory holds the ipc sockets while serving"
+    assert glob.glob(os.path.join(run_dirs(srv.proc.pid, since)[0], "*.sock"))
     srv.proc.send_signal(sig)
     try:
         code = srv.proc.wait(30)
@@ -76,7 +80,7 @@ def signal_and_check(srv, sig: int, family: set[int] | None = None, *, traceback
     # the scheduler reaps what it started before it exits: no orphan outlives it
     assert not alive(family - {srv.proc.pid}), (alive(family), srv.log()[-4000:])
     assert not shm_segments(family), shm_segments(family)
-    assert not run_dirs(srv.proc.pid), run_dirs(srv.proc.pid)
+    assert not run_dirs(srv.proc.pid, since), run_dirs(srv.proc.pid, since)
     if not traceback_ok:
         assert "Traceback" not in srv.log(), srv.log()[-4000:]
 

@@ -26,7 +26,7 @@ import grpc
 from protos import grpc_service_pb2 as pb
 from services.common.errors import REPOSITORY_NAME_UNSUPPORTED, Code, TriremeError, unsupported
 from services.dataplane.api import DataPlaneAPI
-from services.frontend import stats_codec, tls
+from services.frontend import forward, stats_codec, tls
 from services.frontend.grpc import codec
 from services.frontend.grpc.log_methods import LogRpcs
 from services.frontend.grpc.shm_methods import SharedMemoryRpcs
@@ -112,6 +112,7 @@ class GrpcService(SharedMemoryRpcs, LogRpcs, TraceRpcs):
     def __init__(self, dp: DataPlaneAPI, settings: FrontendSettings) -> None:
         self._dp = dp
         self._settings = settings
+        self._forward = forward.maybe(settings.grpc_header_forward_pattern)
         self.ModelInfer = traced_model_infer(self.ModelInfer, dp)  # type: ignore[method-assign]
 
     # -- health and metadata --------------------------------------------------------------
@@ -171,6 +172,8 @@ class GrpcService(SharedMemoryRpcs, LogRpcs, TraceRpcs):
                          context) -> bytes:
         msg, raw = request
         core = codec.request_from_proto(msg, raw)
+        if self._forward is not None:
+            self._forward.apply(core.parameters, forward.grpc_metadata(context))
         resp = await self._dp.infer(core, "ModelInfer RPC")
         try:
             if not resp.id:
@@ -181,7 +184,7 @@ class GrpcService(SharedMemoryRpcs, LogRpcs, TraceRpcs):
 
     async def _stream_one(self, request: tuple[pb.ModelInferRequest, list[memoryview]],
                           out: asyncio.Queue, after: asyncio.Event | None,
-                          sent: asyncio.Event) -> None:
+                          sent: asyncio.Event, metadata: list[tuple[str, str]]) -> None:
         """Every response to one stream request, serialized, onto ``out``; then None. Errors
         become an error_message (with the request id) and never end the stream. Every
         response carries triton_final_response; a decoupled model's bare final flag is
@@ -189,12 +192,15 @@ class GrpcService(SharedMemoryRpcs, LogRpcs, TraceRpcs):
         triton_enable_empty_final_response), as Triton does. The request goes to
         the scheduler only after the one before it (``after``) has: a stream's requests run
         concurrently but arrive in order (a sequence's requests must), even when one of them
-        waits for model metadata the next finds cached."""
+        waits for model metadata the next finds cached. ``metadata``: the stream's headers
+        that each request forwards (--grpc-header-forward-pattern)."""
         msg, raw = request
         try:
             if after is not None:
                 await after.wait()
             core = codec.request_from_proto(msg, raw)
+            if self._forward is not None:
+                self._forward.apply(core.parameters, metadata)
             want_empty = bool(core.parameters.pop("triton_enable_empty_final_response", False))
             async for resp in self._dp.infer_stream(core, sent.set):
                 try:
@@ -228,6 +234,7 @@ class GrpcService(SharedMemoryRpcs, LogRpcs, TraceRpcs):
            marker; 3. on client cancel or stream error, every producer is cancelled.
         """
         window = asyncio.Semaphore(STREAM_WINDOW)
+        metadata = forward.grpc_metadata(context) if self._forward is not None else []
         sources: asyncio.Queue[tuple[asyncio.Task, asyncio.Queue] | None] = asyncio.Queue()
 
         async def read() -> None:
@@ -238,7 +245,7 @@ class GrpcService(SharedMemoryRpcs, LogRpcs, TraceRpcs):
                     out: asyncio.Queue = asyncio.Queue()
                     sent = asyncio.Event()
                     sources.put_nowait((asyncio.ensure_future(
-                        self._stream_one(request, out, before, sent)), out))
+                        self._stream_one(request, out, before, sent, metadata)), out))
                     before = sent
             finally:
                 sources.put_nowait(None)  # end of requests (also on a read error)
@@ -333,7 +340,8 @@ async def start_grpc(dp: DataPlaneAPI, settings: FrontendSettings) -> Any:
             server = _restricted_native_server(methods, restricted, settings)
         else:
             from services.frontend.grpc.native import NativeGrpcServer
-            server = NativeGrpcServer(methods, settings.grpc_limits)
+            server = NativeGrpcServer(methods, settings.grpc_limits,
+                                      settings.grpc_header_forward_pattern is not None)
         ssl_context = None
         if settings.grpc_tls is not None:
             ssl_context = tls.server_context(settings.grpc_tls, "h2")
@@ -415,7 +423,8 @@ def _restricted_native_server(methods: dict[str, RpcMethod], rules: dict[str, Re
                 return native._REFUSED
             return super()._open_stream(conn, sid, headers)
 
-    return RestrictedNativeGrpcServer(methods, settings.grpc_limits)
+    return RestrictedNativeGrpcServer(methods, settings.grpc_limits,
+                                      settings.grpc_header_forward_pattern is not None)
 
 
 def _aio_allowed(context: Any, key: str, expected: str) -> bool:

@@ -59,8 +59,9 @@ class _Context:
 
 CONTEXT = _Context()
 
-# Request metadata handed to handlers: the W3C trace context only (tracing propagates it);
-# a call without it shares CONTEXT, so the common path allocates nothing.
+# Request metadata handed to handlers: the W3C trace context only (tracing propagates it),
+# or every header but the pseudo ones with ``all_metadata`` (--grpc-header-forward-pattern);
+# a call without any shares CONTEXT, so the common path allocates nothing.
 _TRACE_HEADERS = frozenset((b"traceparent", b"tracestate"))
 
 
@@ -325,8 +326,10 @@ class NativeGrpcServer:
     """Listens on host:port (SO_REUSEPORT, so several frontends share it) and dispatches each
     stream to the method named by its :path in ``methods``."""
 
-    def __init__(self, methods: Mapping[str, Any], limits: GrpcLimits | None = None) -> None:
+    def __init__(self, methods: Mapping[str, Any], limits: GrpcLimits | None = None,
+                 all_metadata: bool = False) -> None:
         self._methods = {path.encode(): m for path, m in methods.items()}
+        self._all_metadata = all_metadata
         self.limits = limits = limits or GrpcLimits()
         self.max_message = limits.max_message_size
         self._connections: set[H2Connection] = set()
@@ -365,6 +368,7 @@ class NativeGrpcServer:
         path = content_type = b""
         encoding = b"identity"
         trace_context: tuple[tuple[str, str], ...] | None = None
+        all_metadata = self._all_metadata
         for name, value in headers:
             if name == b":path":
                 path = value
@@ -372,7 +376,7 @@ class NativeGrpcServer:
                 content_type = value
             elif name == b"grpc-encoding":
                 encoding = value
-            elif name in _TRACE_HEADERS:
+            elif name in _TRACE_HEADERS or (all_metadata and name[:1] != b":"):
                 trace_context = (trace_context or ()) + (
                     (name.decode(), value.decode("latin-1")),)
         if not content_type.startswith(b"application/grpc"):

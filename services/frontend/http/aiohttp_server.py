@@ -44,6 +44,11 @@ class _AioRequest:
         self._request, self._limit, self._timeout = request, limit, timeout
         self.reply: Reply | None = None
 
+    @property
+    def raw_headers(self) -> Any:
+        """The headers as sent (aiohttp's ``headers`` spell the names it knows its way)."""
+        return self._request.raw_headers
+
     async def read(self) -> bytes:
         try:
             return await _read_body(self._request, self._limit,

@@ -12,7 +12,6 @@ Deliberate differences are marked "Differs from Triton".
 from __future__ import annotations
 
 import functools
-import math
 import struct
 import zlib
 from typing import Any
@@ -22,6 +21,8 @@ import numpy as np
 import orjson
 
 from services.common.datatypes import (
+    DATATYPES,
+    NotText,
     buffer_to_json_array,
     config_to_api,
     element_size,
@@ -29,7 +30,7 @@ from services.common.datatypes import (
     json_to_buffer,
     numbers_to_buffer,
 )
-from services.common.errors import TriremeError, internal, invalid_arg
+from services.common.errors import TriremeError, internal, invalid_arg, json_not_utf8_text
 from services.dataplane.types import CoreRequest, CoreResponse, InputTensor, RequestedOutput
 from services.frontend.http.json_body import MAX_DATA_NESTING, check_nesting, decode_json, json_object
 from services.frontend.http.params import check_request_params
@@ -49,6 +50,8 @@ _encode_response = functools.partial(orjson.dumps, option=orjson.OPT_SERIALIZE_N
 _U32 = struct.Struct("<I")
 _SHM_KEYS = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
 _UINT64_MAX = 2**64 - 1
+_INT64_MAX = 2**63 - 1
+_TYPE_SIZE = {dt: element_size(dt) or 0 for dt in DATATYPES}   # TRITONSERVER_DataTypeByteSize
 _NOT_UINT = "attempt to access JSON non-unsigned-integer as unsigned-integer"
 
 
@@ -181,7 +184,8 @@ def _decode_json_request(model: str, version: str,
                 if d < 0:
                     return None
             name, datatype = item.name, item.datatype
-            raw = numbers_to_buffer(name, datatype, shape, data) if math.prod(shape) else b""
+            count = _json_element_count(name, datatype, shape)
+            raw = numbers_to_buffer(name, datatype, shape, data) if count else b""
             inputs.append(InputTensor(name, datatype, shape, raw, item_params))
         outputs = None
         if doc.outputs is not msgspec.UNSET:
@@ -244,10 +248,44 @@ def _decode_input(model: str, item: Any, mv: memoryview, offset: int, end: int,
         return InputTensor(name, datatype, shape, None, params), offset
     # JSON data, read by Triton's rules (datatypes.json_to_buffer: FP16/BF16 refused)
     data = item["data"]
+    if not _json_element_count(name, datatype, shape):
+        return InputTensor(name, datatype, shape, b"", params), offset
     if nesting and type(data) is list:
         check_nesting(data, datatype)
-    data = json_to_buffer(name, datatype, shape, data) if math.prod(shape) else b""
+    data = json_to_buffer(name, datatype, shape, data)
     return InputTensor(name, datatype, shape, data, params), offset
+
+
+def _json_element_count(name: str, datatype: str, shape: list[int]) -> int:
+    """The element count of a JSON-data input as Triton's HTTP server takes it, before it
+    reads "data" (GetElementCount, server src/common.cc, then the byte-size check of
+    ParseJsonTritonIO): the shape as int64 (a dimension of 2**63 or more is negative), a
+    count or byte size beyond int64 refused. A wildcard (2**64 - 1 is -1) is left to the
+    data's count check. (A shape [] holds one element, as it always has here; Triton's
+    GetElementCount says 0.)"""
+    count = 1
+    for d in shape:
+        if d == _UINT64_MAX:
+            return -1
+        if d > _INT64_MAX:
+            dims = ",".join(str(x - (1 << 64) if x > _INT64_MAX else x) for x in shape)
+            raise invalid_arg(f"invalid shape for input '{name}': shape [{dims}] contains one "
+                              f"or more invalid dimensions")
+        if d == 0:
+            return 0
+        if count > _INT64_MAX // d:
+            raise invalid_arg(f"invalid shape for input '{name}': shape {_dims(shape)} causes "
+                              f"total element count to exceed maximum size of {_INT64_MAX}")
+        count *= d
+    size = _TYPE_SIZE.get(datatype, 0)
+    if size > 1 and count > _INT64_MAX // size:
+        raise invalid_arg(f"byte size overflow for input '{name}': element count ({count}) * "
+                          f"data type size ({size}) exceeds maximum allowed size ({_INT64_MAX})")
+    return count
+
+
+def _dims(shape: list[int]) -> str:
+    return "[" + ",".join(map(str, shape)) + "]"
 
 
 def _decode_output(item: Any) -> RequestedOutput:
@@ -414,7 +452,9 @@ def _output_json(name: str, datatype: str, shape: list[int], data: Any) -> Any:
     if datatype in ("FP16", "BF16"):   # Triton's WriteDataToJson: binary only
         raise invalid_arg(json_send_refused_text(datatype))
     try:
-        return buffer_to_json_array(datatype, shape, data)
+        return buffer_to_json_array(datatype, shape, data, strict=True)
+    except NotText as e:       # (2.51 writes the bytes as they are; clients fail to read it)
+        raise invalid_arg(json_not_utf8_text(name, e.index)) from None
     except TriremeError as e:  # the backend's fault, not the client's
         raise internal(f"output tensor shape does not match size of output for "
                        f"'{name}': {e.message}") from None

@@ -54,6 +54,18 @@ def _error(status: int, text: str) -> Reply:
     return Reply(status, error_body(text), "application/json", close=True)
 
 
+def _parser(protocol: Any) -> Any:
+    """llhttp as strict as it comes, but for one leniency: a request with both
+    Transfer-Encoding: chunked and Content-Length is read by its chunks (RFC 9112 §6.3: the
+    Transfer-Encoding overrides; Triton reads such requests by their chunks too, and
+    Python's `requests` sends them for a pre-chunked body). The connection closes after its
+    answer, as §6.3 asks of a server that accepts one, so no pipelined request can hide
+    behind a disputed length."""
+    parser = httptools.HttpRequestParser(protocol)
+    parser.set_dangerous_leniencies(lenient_chunked_length=True)
+    return parser
+
+
 # Phases of a connection, as the server's timer sees them (Connection.tick).
 _HEAD, _BODY, _ANSWER, _IDLE, _STALL = range(5)
 
@@ -66,7 +78,7 @@ class Connection(StreamWriter, asyncio.Protocol):
         self._handle = server.handle
         self._limit = server.limit
         self._loop = asyncio.get_running_loop()
-        self._parser: Any = httptools.HttpRequestParser(self)   # None once closed
+        self._parser: Any = _parser(self)   # None once closed
         self._transport: asyncio.Transport | None = None
         self._parsing: Request | None = None  # the request the parser is filling in
         self._url = b""
@@ -140,7 +152,7 @@ class Connection(StreamWriter, asyncio.Protocol):
         except httptools.HttpParserUpgrade as e:
             # Upgrade: / CONNECT: we never switch protocols; answer in HTTP/1.1 and go on
             # parsing what follows with a fresh parser.
-            self._parser = httptools.HttpRequestParser(self)
+            self._parser = _parser(self)
             if e.args[0] < len(data):
                 self.data_received(data[e.args[0]:])
                 return
@@ -177,6 +189,8 @@ class Connection(StreamWriter, asyncio.Protocol):
             raise _Stop("closing")
         self._served = True
         self._parsing = Request(self._loop, self._limit)
+        if self._server.raw_headers:
+            self._parsing.raw_headers = []
         self._url = b""
         self._head = self._head_read = 0
 
@@ -198,6 +212,9 @@ class Connection(StreamWriter, asyncio.Protocol):
         headers = self._parsing.headers  # type: ignore[union-attr]
         if not dict.__contains__(headers, key):
             dict.__setitem__(headers, key, value.decode("latin-1"))
+        raw = self._parsing.raw_headers  # type: ignore[union-attr]
+        if raw is not None:
+            raw.append((name, value))
 
     def on_headers_complete(self) -> None:
         req = self._parsing
@@ -209,7 +226,11 @@ class Connection(StreamWriter, asyncio.Protocol):
         req.keep_alive = parser.should_keep_alive()
         req.path, req.query = split_target(self._url)
         headers = req.headers
-        if req.start_body(dict.get(headers, "content-length"),
+        length = dict.get(headers, "content-length")
+        if length is not None and dict.__contains__(headers, "transfer-encoding"):
+            length = None                    # read by chunks (see _parser), the limit as they come
+            req.keep_alive = False
+        if req.start_body(length,
                           dict.get(headers, "content-encoding"), self._spare):
             self._spare = None
         self._queue.append(req)

@@ -83,6 +83,9 @@ class NativeHttpServer:
         self.stopping = False
         self.port = 0
         self.refusal = self._refusal()
+        # Requests keep their headers as sent (names in their case, repeats) for
+        # --http-header-forward-pattern (forward.py): only when it is given.
+        self.raw_headers = getattr(settings, "http_header_forward_pattern", None) is not None
         self._logged: dict[str, float] = {}
         self._server: asyncio.AbstractServer | None = None
         self._all_closed: asyncio.Event | None = None

@@ -12,9 +12,11 @@ Sources (triton-inference-server/server v2.51.0, src/http_server.cc): HandleGene
 GenerateRequestClass::{ConvertGenerateRequest, ExactMappingInput, InferResponseComplete,
 SendChunkResponse, FinalizeResponse, ExactMappingOutput}, SetTritonParameterFromJsonParameter,
 JsonBytesArrayByteSize, ReadDataFromJson; TritonJson's texts (common, triton_json.h). Every
-text and status below was also asked of a real Triton 2.51 (tests/e2e/test_generate.py).
-The codes are Triton's: TritonJson's own errors (type mismatches, a body that is not an
-object, unparsable JSON) are INTERNAL there, so 500 here too.
+text below was also asked of a real Triton 2.51 (tests/e2e/test_generate.py). A tensor's
+JSON values are read by the infer path's rules (datatypes.json_to_buffer). Differs from
+Triton: its TritonJson errors (type mismatches, a body that is not an object, unparsable
+JSON) are 500 there; they are the client's mistakes, so 400 here, as on the infer path
+(docs/compat.md).
 
 /generate runs every model, decoupled or not, and waits for the final flag: exactly one
 response (or error) is its answer, else Triton's "generate expects ..." text. /generate_stream
@@ -39,11 +41,16 @@ from typing import Any
 import numpy as np
 import orjson
 
-from services.common.datatypes import buffer_to_json_array, element_size, numpy_dtype, serialize_bytes_tensor
+from services.common.datatypes import (
+    BYTES_NOT_STRING_TEXT,
+    NUMBER_TOO_BIG_TEXT,
+    buffer_to_json_array,
+    json_to_buffer,
+)
 from services.common.errors import TriremeError, internal, invalid_arg, unsupported
 from services.dataplane.api import DataPlaneAPI
 from services.dataplane.types import CoreRequest, CoreResponse, InputTensor
-from services.frontend.http.json_body import decode_json, error_body
+from services.frontend.http.json_body import check_nesting, decode_json, error_body
 from services.frontend.http.message import Reply, StreamReply
 
 __all__ = ["ONE_RESPONSE_TEXT", "SSE_TYPE", "Generate", "decode_generate_request",
@@ -55,11 +62,8 @@ ONE_RESPONSE_TEXT = ("generate expects model to produce exactly 1 response, use 
                      "stream for model that generates various number of responses")
 _ENCODING_TEXT = "Unsupported content-encoding, only 'identity' is supported."
 _SHAPE_TEXT = "The schema can not convert input '{}' to tensor with proper shape"
-_DATA_SHAPE_TEXT = "Unable to parse 'data': Shape does not match true shape of 'data' field"
 _NOT_STRING = "attempt to access JSON non-string as string"
-_TOO_BIG_TEXT = "failed to parse the request JSON buffer: Number too big to be stored in double."
 _INT64 = (-(1 << 63), (1 << 63) - 1)
-_UINT64 = (0, (1 << 64) - 1)
 _encode = orjson.dumps
 _SORTED = orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY
 
@@ -79,11 +83,8 @@ class _Object(list):
 
 def _parse(body: Any) -> Any:
     """The document, objects as _Object. Errors are worded and checked by the JSON reader
-    every other body uses (json_body.decode_json); TritonJson's parse errors are INTERNAL."""
-    try:
-        doc = decode_json(body)
-    except TriremeError as e:
-        raise internal(e.message) from None
+    every other body uses (json_body.decode_json)."""
+    doc = decode_json(body)
     try:
         return json.loads(bytes(body).decode(), object_pairs_hook=_Object)
     except (RecursionError, ValueError):
@@ -108,10 +109,10 @@ def decode_generate_request(model: str, version: str, body: Any,
     if "id" in first:                          # ParseJsonTritonRequestID, before the rest
         rid = first["id"]
         if type(rid) is not str:
-            raise internal(f"Unable to parse 'id': {_NOT_STRING}")
+            raise invalid_arg(f"Unable to parse 'id': {_NOT_STRING}")
         req.id = rid
     if members is None:
-        raise internal("attempt to get members for non-object")
+        raise invalid_arg("attempt to get members for non-object")
     specs = {i["name"]: i for i in metadata.get("inputs", ())}
     _convert(req, members, first, specs, top=True)
     return req
@@ -126,7 +127,7 @@ def _convert(req: CoreRequest, members: _Object, first: dict[str, Any],
                 raise invalid_arg("Keyword 'parameters' for nested schema also given as "
                                   "input tensor name")
             if type(value) is not _Object:
-                raise internal("Expected JSON object for keyword: 'parameters': attempt to "
+                raise invalid_arg("Expected JSON object for keyword: 'parameters': attempt to "
                                "access JSON non-object as object")
             try:
                 _convert(req, value, value.first(), specs, top=False)
@@ -150,7 +151,7 @@ def _parameter(key: str, value: Any) -> Any:
         try:
             return float(value)
         except OverflowError:                  # rapidjson refuses it when parsing
-            raise internal(_TOO_BIG_TEXT) from None
+            raise invalid_arg(NUMBER_TOO_BIG_TEXT) from None
     raise invalid_arg(f"parameter '{key}' has invalid type. It should be either 'int', "
                       f"'bool', or 'string'.")
 
@@ -192,76 +193,19 @@ def _leaves(value: Any) -> list[Any]:
 
 def _add_input(req: CoreRequest, name: str, value: Any, spec: dict) -> None:
     """One model input from a JSON value: a scalar is one element, an array as many as its
-    top level holds; the shape comes from the model's (_fit_shape)."""
+    top level holds; the shape comes from the model's (_fit_shape). The values are read by
+    the infer path's rules and texts (datatypes.json_to_buffer, json_body.check_nesting)."""
     datatype = spec["datatype"]
-    count = len(value) if type(value) is list else 1
-    leaves = _leaves(value)
-    if datatype == "BYTES":                   # JsonBytesArrayByteSize: before the shape
-        if any(type(v) is not str for v in leaves):
-            raise internal(f"Unable to parse JSON bytes array: {_NOT_STRING}")
-    shape = _fit_shape(name, spec["shape"], count)
-    if datatype == "BYTES":
-        data = serialize_bytes_tensor(leaves)  # core checks the count against the shape
-    elif datatype in ("FP16", "BF16") or element_size(datatype) is None:
-        raise invalid_arg(f"receiving {datatype} data via JSON is not supported. Please use "
-                          f"the binary data format for input {name}")
-    else:
-        data = _numbers(datatype, leaves, count)
+    data = value if type(value) is list else [value]
+    if datatype == "BYTES" and any(type(v) is not str for v in _leaves(value)):
+        raise invalid_arg(BYTES_NOT_STRING_TEXT)   # (JsonBytesArrayByteSize: before the shape)
+    shape = _fit_shape(name, spec["shape"], len(data))
+    check_nesting(data, datatype)
+    tensor = json_to_buffer(name, datatype, shape, data)
     if any(t.name == name for t in req.inputs):
         raise invalid_arg(f"[request id: {req.id or '<id_unknown>'}] input '{name}' already "
                           f"exists in request")
-    req.inputs.append(InputTensor(name, datatype, shape, data))
-
-
-def _is_bool(v: Any) -> bool:
-    return type(v) is bool
-
-
-def _is_uint(v: Any) -> bool:
-    return type(v) is int and _UINT64[0] <= v <= _UINT64[1]
-
-
-def _is_int(v: Any) -> bool:
-    return type(v) is int and _INT64[0] <= v <= _INT64[1]
-
-
-def _is_number(v: Any) -> bool:
-    return type(v) is int or type(v) is float
-
-
-def _check(datatype: str) -> tuple[str, Callable[[Any], bool]]:
-    """TritonJson's accessor for ``datatype``: what it refuses, and what it takes."""
-    if datatype == "BOOL":
-        return "non-boolean as boolean", _is_bool
-    if datatype.startswith("UINT"):
-        return "non-unsigned-integer as unsigned-integer", _is_uint
-    if datatype.startswith("INT"):
-        return "non-signed-integer as signed-integer", _is_int
-    return "non-number as double", _is_number
-
-
-def _numbers(datatype: str, leaves: list[Any], count: int) -> bytes:
-    """ReadDataFromJson for numbers and booleans: TritonJson's type checks, value by value,
-    and C's conversions (an integer wraps to the width of its type)."""
-    want, ok = _check(datatype)
-    for i, v in enumerate(leaves):
-        if i >= count:
-            raise internal(_DATA_SHAPE_TEXT)
-        if not ok(v):
-            raise internal(f"Unable to parse 'data': attempt to access JSON {want}")
-    if len(leaves) != count:
-        raise internal(_DATA_SHAPE_TEXT)
-    dtype = numpy_dtype(datatype)
-    if ok is _is_bool:
-        return np.array(leaves, np.bool_).tobytes()
-    if ok is _is_number:
-        try:
-            wide = np.array([float(v) for v in leaves], np.float64)
-        except OverflowError:                  # rapidjson refuses it when parsing
-            raise internal(_TOO_BIG_TEXT) from None
-        with np.errstate(over="ignore"):       # FP32: out of range is inf, as in C
-            return wide.astype(dtype).tobytes()
-    return np.array(leaves, np.uint64 if ok is _is_uint else np.int64).astype(dtype).tobytes()
+    req.inputs.append(InputTensor(name, datatype, shape, tensor))
 
 
 # ---- responses -> JSON, SSE events ------------------------------------------------------

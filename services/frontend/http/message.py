@@ -130,6 +130,7 @@ class Request:
         "method",
         "path",
         "query",
+        "raw_headers",
         "reply",
         "size",
         "state",
@@ -142,6 +143,7 @@ class Request:
         self.method = self.path = self.query = ""
         self.version = "1.1"
         self.headers = Headers()
+        self.raw_headers: list[tuple[bytes, bytes]] | None = None   # as sent, when kept
         self.keep_alive = False
         self.bad: str | None = None           # a malformed request: answered 400, then close
         self.state = RECEIVING

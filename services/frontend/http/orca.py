@@ -8,14 +8,19 @@ from the KV-cache block metrics a model publishes (TensorRT-LLM's custom family
     JSON {"named_metrics":{"kv_cache_utilization":0.25,"max_token_capacity":4096}}
     TEXT named_metrics.kv_cache_utilization=0.250000, named_metrics.max_token_capacity=4096
 
-Any other format, or no such metrics, means no header. Pure functions: the caller has the
-request's header and the metrics text (a Python model publishes the family through
+Any other format, or no such metrics, means no header. Pure functions, and ``load_report``
+which the generate routes call: it asks the scheduler for its /metrics text only when the
+request carries the format header (a Python model publishes the family through
 pb_utils.MetricFamily; the scheduler renders it on /metrics).
 """
 from __future__ import annotations
 
 import json
+import logging
 import re
+from typing import Any
+
+log = logging.getLogger(__name__)
 
 REQUEST_HEADER = "endpoint-load-metrics-format"
 RESPONSE_HEADER = "endpoint-load-metrics"
@@ -64,3 +69,21 @@ def endpoint_load_metrics(fmt: str | None, prometheus_text: str) -> str | None:
         return None
     kv = kv_cache_metrics(prometheus_text)
     return header_value(fmt, *kv) if kv is not None else None
+
+
+async def load_report(dp: Any, request: Any) -> dict[str, str] | None:
+    """The header for a generate request that asks for one, when the metrics have the
+    KV-cache family (Triton's StartResponse logs an error and writes none otherwise). Read
+    as the request starts, so a stream holds nothing while it is asked for."""
+    fmt = request.headers.get(REQUEST_HEADER)
+    if fmt is None:
+        return None
+    if fmt not in FORMATS:
+        log.error("orca_type is set to an invalid type: %s", fmt)
+        return None
+    value = endpoint_load_metrics(fmt, await dp.metrics_text())
+    if value is None:
+        log.error("%s request header is set but no KV-cache metrics were found (%s); no "
+                  "header written", REQUEST_HEADER, KV_FAMILY)
+        return None
+    return {RESPONSE_HEADER: value}

@@ -27,8 +27,8 @@ from typing import Any
 
 from services.common.errors import REPOSITORY_NAME_UNSUPPORTED, Code, TriremeError, invalid_arg, unsupported
 from services.dataplane.api import DataPlaneAPI
-from services.frontend import stats_codec, tls
-from services.frontend.http import codec, json_body
+from services.frontend import forward, stats_codec, tls
+from services.frontend.http import codec, json_body, orca
 from services.frontend.http.generate import Generate
 from services.frontend.http.logging_routes import LOGGING_PATH, LoggingRoute
 from services.frontend.http.message import BodyError, BodyTooLarge, Reply
@@ -90,6 +90,21 @@ _OK = Reply(200)
 _NOT_LIVE = Reply(400)
 
 
+def _with_headers(reply: Reply, headers: dict[str, str] | None) -> Reply:
+    if headers:
+        reply.headers = {**(reply.headers or {}), **headers}
+    return reply
+
+
+def _sent_headers(request: Any) -> Any:
+    """(name, value) of every header as sent: ``raw_headers`` (the native server keeps them
+    while --http-header-forward-pattern is given; aiohttp always has them)."""
+    raw = getattr(request, "raw_headers", None)
+    if raw is None:
+        return request.headers.items()
+    return [(k.decode("latin-1"), v.decode("utf-8", "replace")) for k, v in raw]
+
+
 def _version(v: str | None) -> str:
     return str(int(v)) if v else ""  # Triton parses the version as int64: "01" is 1
 
@@ -106,6 +121,7 @@ class Handlers:
     def __init__(self, dp: DataPlaneAPI, settings: FrontendSettings) -> None:
         self.dp = dp
         self.limit = settings.http_max_input_size
+        self._forward = forward.maybe(settings.http_header_forward_pattern)
         self._metadata = json_body.encode_json(settings.server_metadata())
         self._exact = {
             "/v2": self.server_metadata,
@@ -278,6 +294,8 @@ class Handlers:
         else:
             req, binary_default = codec.decode_infer_request(model, version, body,
                                                              header_length)
+        if self._forward is not None:   # (after the body, as Triton's ForwardHeaders)
+            self._forward.apply(req.parameters, _sent_headers(request))
         resp = await self.dp.infer(req)
         try:
             payload, json_length = codec.encode_infer_response(resp, req, binary_default)
@@ -299,12 +317,15 @@ class Handlers:
     async def generate(self, request: Any, model: str, version: str) -> Reply:
         if request.method != "POST":
             return _NOT_ALLOWED
-        return await self._generate.generate(request, model, version)
+        report = await orca.load_report(self.dp, request)
+        return _with_headers(await self._generate.generate(request, model, version), report)
 
     async def generate_stream(self, request: Any, model: str, version: str) -> Reply:
         if request.method != "POST":
             return _NOT_ALLOWED
-        return await self._generate.generate_stream(request, model, version)
+        report = await orca.load_report(self.dp, request)
+        return _with_headers(await self._generate.generate_stream(request, model, version),
+                             report)
 
 
 # ---- the native server (the default) ----------------------------------------------------

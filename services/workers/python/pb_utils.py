@@ -152,7 +152,7 @@ class InferenceRequest:
         return self._timeout
 
     def parameters(self) -> str:
-        return json.dumps(self._parameters)
+        return json.dumps(self._parameters, separators=(",", ":"))   # (compact, as Triton's)
 
     def model_name(self) -> str:
         return self._model_name
@@ -206,7 +206,7 @@ class InferenceResponse:
         return self._error
 
     def parameters(self) -> str:
-        return json.dumps(self._parameters)
+        return json.dumps(self._parameters, separators=(",", ":"))   # (compact, as Triton's)
 
 
 class InferenceResponseSender:

@@ -195,6 +195,17 @@ def test_bytes_serialize_round_trip_with_empty_and_non_utf8():
     assert dt.as_array("BYTES", [5, 1], buf).shape == (5, 1)
 
 
+def test_bytes_to_json_strict_names_the_first_element_that_is_not_utf8():
+    buf = dt.serialize_bytes_tensor(np.array([b"ok\x00", b"\xc3\xa9", b"\x1b\x931\xbf\x00"],
+                                             dtype=object))
+    with pytest.raises(dt.NotText) as e:
+        dt.buffer_to_json_array("BYTES", [3], buf, strict=True)
+    assert e.value.index == 2
+    assert dt.buffer_to_json("BYTES", [3], buf)[2] == "\x1b\ufffd1\ufffd\x00"
+    ok = dt.serialize_bytes_tensor(np.array([b"ok\x00", b"\xc3\xa9"], dtype=object))
+    assert dt.buffer_to_json_array("BYTES", [2], ok, strict=True) == ["ok\x00", "é"]
+
+
 def test_serialize_unicode_array_list_and_keeps_trailing_nuls():
     assert dt.serialize_bytes_tensor(np.array(["ab", "c"])) == \
         b"\x02\x00\x00\x00ab\x01\x00\x00\x00c"

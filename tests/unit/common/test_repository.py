@@ -48,6 +48,19 @@ def test_scan_duplicate_across_repositories(tmp_path):
     models, dups = R.scan([r1, r2, r3])
     assert sorted(models) == ["only1", "only2"]
     assert dups == {"shared": "model appears in two or more repositories"}
+    assert R.scan([r1, r1])[1] == {}   # the same repository twice is one (Triton: a set)
+
+
+def test_scan_namespacing_keys_each_repository_apart(tmp_path):
+    r1, r2 = tmp_path / "r1", tmp_path / "r2"
+    mkdirs(r1, "shared", "only1")
+    mkdirs(r2, "shared")
+    models, dups = R.scan([r1, r2], namespacing=True)
+    assert dups == {}
+    assert sorted(models) == [f"{r1}::only1", f"{r1}::shared", f"{r2}::shared"]
+    src = models[f"{r2}::shared"]
+    assert (src.name, src.namespace, src.path, src.key) == ("shared", str(r2), r2 / "shared",
+                                                            f"{r2}::shared")
 
 
 def test_scan_missing_repository(tmp_path):

@@ -20,6 +20,7 @@ def _parser() -> argparse.ArgumentParser:
     ["--no-shm", "--allow-grpc", "false", "--server-name", "triton", "--http-port", "0",
      "--grpc-port", "0", "--host", "::1", "--http-max-input-size", "5",
      "--inline-threshold", "0", "--grpc-impl", "aio", "--http-impl", "aiohttp"],
+    ["--http-header-forward-pattern", "", "--grpc-header-forward-pattern", "my_.*|^x$"],
 ])
 def test_round_trip(argv):
     p = _parser()
@@ -31,10 +32,12 @@ def test_round_trip(argv):
 
 def test_every_flag_is_forwarded():
     actions = add_frontend_args(argparse.ArgumentParser())
-    # a repeatable flag forwards one copy per value given: give each one a value
+    # a repeatable flag forwards one copy per value given, one without a default only when
+    # given: give each one a value
     forwarded = frontend_argv(_parser().parse_args(
         ["--no-shm", "--http-restricted-api", "health:k=v",
-         "--grpc-restricted-protocol", "health:k=v"]))
+         "--grpc-restricted-protocol", "health:k=v", "--http-header-forward-pattern", "",
+         "--grpc-header-forward-pattern=(?-i)X_.*"]))
     assert {a.option_strings[-1] for a in actions} == {f for f in forwarded if f.startswith("--")}
 
 

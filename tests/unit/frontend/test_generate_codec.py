@@ -74,7 +74,7 @@ def test_nested_parameters():
     req = decode('{"PROMPT": "p", "parameters": {"STREAM": false, "k": "v"}, "top": 1}')
     assert [t.name for t in req.inputs] == ["PROMPT", "STREAM"]
     assert req.parameters == {"k": "v", "top": 1}
-    assert fails('{"parameters": 1}') == (Code.INTERNAL, "Expected JSON object for keyword: "
+    assert fails('{"parameters": 1}') == (Code.INVALID_ARG, "Expected JSON object for keyword: "
                                           "'parameters': attempt to access JSON non-object as object")
     assert fails('{"parameters": {"x": [1]}}') == (
         Code.INVALID_ARG, "Converting keyword: 'parameters': parameter 'x' has invalid type. It "
@@ -142,12 +142,12 @@ def test_number_conversions_wrap_as_c_casts():
     ('{"f32": ["1", 2]}', "non-number as double"),
     ('{"STREAM": 1}', "non-boolean as boolean"),
 ])
-def test_type_errors_are_internal(body, text):
-    assert fails(body) == (Code.INTERNAL, f"Unable to parse 'data': attempt to access JSON {text}")
+def test_type_errors_are_the_clients(body, text):
+    assert fails(body) == (Code.INVALID_ARG, f"Unable to parse 'data': attempt to access JSON {text}")
 
 
 def test_bytes_inputs():
-    assert fails('{"PROMPT": 1}') == (Code.INTERNAL, "Unable to parse JSON bytes array: attempt "
+    assert fails('{"PROMPT": 1}') == (Code.INVALID_ARG, "Unable to parse JSON bytes array: attempt "
                                                      "to access JSON non-string as string")
     assert fails('{"PROMPT": {"a": "b"}}')[1].startswith("Unable to parse JSON bytes array")
     # Every string of a nested array is sent; the count is the core's check (validation).
@@ -159,7 +159,7 @@ def test_bytes_inputs():
 
 def test_data_count_mismatch():
     for body in ('{"ids": [[1, 2], [3]]}', '{"ids": [[], []]}'):
-        assert fails(body) == (Code.INTERNAL, "Unable to parse 'data': Shape does not match true "
+        assert fails(body) == (Code.INVALID_ARG, "Unable to parse 'data': Shape does not match true "
                                               "shape of 'data' field")
 
 
@@ -168,14 +168,14 @@ def test_fp16_input_refused():
                                      "supported. Please use the binary data format for input f16")
 
 
-def test_body_errors_are_internal():
-    assert fails("") == (Code.INTERNAL, "failed to parse the request JSON buffer: The document "
+def test_body_errors_are_the_clients():
+    assert fails("") == (Code.INVALID_ARG, "failed to parse the request JSON buffer: The document "
                                         "is empty. at 0")
-    assert fails("[1]") == (Code.INTERNAL, "attempt to get members for non-object")
-    assert fails('"x"') == (Code.INTERNAL, "attempt to get members for non-object")
-    assert fails('{"id": 5}') == (Code.INTERNAL, "Unable to parse 'id': attempt to access JSON "
+    assert fails("[1]") == (Code.INVALID_ARG, "attempt to get members for non-object")
+    assert fails('"x"') == (Code.INVALID_ARG, "attempt to get members for non-object")
+    assert fails('{"id": 5}') == (Code.INVALID_ARG, "Unable to parse 'id': attempt to access JSON "
                                                  "non-string as string")
-    assert fails('{"PROMPT": ')[0] == Code.INTERNAL
+    assert fails('{"PROMPT": ')[0] == Code.INVALID_ARG
 
 
 def test_deeply_nested_body_is_read():

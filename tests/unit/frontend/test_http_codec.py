@@ -174,6 +174,34 @@ def test_json_data_errors_are_tritons():
             f"data format for input A")
 
 
+_MAX = 2**63 - 1
+
+
+@pytest.mark.parametrize("datatype,shape,text", [
+    # Triton's QA (L0_http test_buffer_size_overflow): checked before the data is read
+    ("FP32", [16, 2**60 + 2], "invalid shape for input 'A': shape [16,1152921504606846978] "
+                              f"causes total element count to exceed maximum size of {_MAX}"),
+    ("FP32", [4, 2**60 + 2], "byte size overflow for input 'A': element count "
+                             f"(4611686018427387912) * data type size (4) exceeds maximum "
+                             f"allowed size ({_MAX})"),
+    # GetElementCount walks in order: the overflow comes before a later 0
+    ("INT8", [2**62, 4, 0], "invalid shape for input 'A': shape [4611686018427387904,4,0] "
+                            f"causes total element count to exceed maximum size of {_MAX}"),
+    # a dimension Triton's int64 holds as negative
+    ("FP32", [2**63, 2], "invalid shape for input 'A': shape [-9223372036854775808,2] "
+                         "contains one or more invalid dimensions"),
+    # a one-byte type has no byte-size check: the data's count decides
+    ("INT8", [4, 2**60 + 2], "Unable to parse 'data': Shape does not match true shape of "
+                             "'data' field"),
+])
+def test_json_element_count_is_checked_before_the_data(datatype, shape, text):
+    for data in ([1], "not an array"):
+        doc = {"inputs": [{"name": "A", "datatype": datatype, "shape": shape, "data": data}]}
+        got = _raises(codec.decode_infer_request, "m", "", json.dumps(doc).encode())
+        assert got == (text if "Shape does not" not in text or data != "not an array" else
+                       "Unable to parse 'data': attempt to access JSON non-array as array")
+
+
 def test_shared_memory_input_passes_through():
     params = {"shared_memory_region": "r0", "shared_memory_offset": 16,
               "shared_memory_byte_size": 64}

@@ -332,6 +332,35 @@ def test_triton_cap_on_chunks(chunks):
     run(body, 60)
 
 
+@pytest.mark.parametrize("declared", [10, 100_000])
+def test_chunked_with_a_content_length_is_read_by_its_chunks(declared):
+    """Transfer-Encoding: chunked beside a Content-Length (RFC 9112 §6.3; Triton takes it):
+    the chunks are the body and the limit holds as they come, whatever length is declared
+    (one over the limit is not refused up front, one under it does not cut the body); the
+    connection closes after the answer, so a request pipelined behind it is never read."""
+    async def body():
+        async def handle(req):
+            try:
+                return await _echo(req)
+            except Exception:                           # noqa: BLE001 - BodyTooLarge
+                return Reply(413, close=True)
+
+        async with native(handle, limit=1000) as server:
+            for size, status in ((500, 200), (2000, 413)):
+                reader, writer = await connect(server.port)
+                writer.write(b"POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n"
+                             b"Transfer-Encoding: chunked\r\n\r\n" % declared
+                             + b"%X\r\n%s\r\n0\r\n\r\n" % (size, b"A" * size) + post("/x", b"behind"))
+                answer = await _closed(reader)
+                head, _, rest = answer.partition(b"\r\n\r\n")
+                assert b"Connection: close" in head
+                assert int(head.split()[1]) == status      # one answer: "behind" is unread
+                assert rest == (b"500" if status == 200 else b"")
+                writer.close()
+            await _served(server.port)
+    run(body)
+
+
 # ---- the aiohttp alternative --------------------------------------------------------------
 
 def test_aiohttp_body_timeout_and_connection_cap():

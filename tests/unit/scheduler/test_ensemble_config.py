@@ -20,6 +20,7 @@ from services.common.errors import Code, TriremeError
 from services.scheduler.ensemble_config import (
     circular_dependency_text,
     dependency_failed_text,
+    ensemble_labels,
     is_decoupled,
     missing_models_text,
     no_loaded_version_text,
@@ -586,3 +587,18 @@ def test_decoupled_steps():
     assert error(validate_steps, mixed, {**composing, "scale": SCALE}) == (
         "in ensemble mixed, step of model 'add' receives inputs originated from different decoupled "
         "models")
+
+
+# ------------------------------------------------------------------------- labels
+def test_ensemble_labels_come_from_the_output_each_step_maps_to_an_ensemble_output():
+    """Triton's model_lifecycle.cc: an ensemble output without labels of its own gets those
+    of the composing model output mapped to it; intermediate tensors get none."""
+    cfg = ensemble("e", [step("a", {"INPUT0": "data"}, {"OUTPUT0": "mid", "OUTPUT1": "prob"}),
+                         step("b", {"INPUT0": "mid"}, {"OUTPUT0": "other"})],
+                   outputs=(io("prob"), io("other"), io("own")))
+    composing = {"a": {"OUTPUT0": ["m"], "OUTPUT1": ["x", "y"]}, "b": {}}
+    assert ensemble_labels(cfg, {}, composing) == {"prob": ["x", "y"]}
+    # the ensemble's own label file wins (also one whose first line is empty, as in Triton)
+    own = {"prob": ["", "z"], "own": ["o"]}
+    assert ensemble_labels(cfg, own, composing) == own
+
