@@ -125,6 +125,36 @@ def load_failed_text(model: str, version: int | str, why: object) -> str:
     return f"failed to load '{model}' version {version}: {why}"
 
 
+# Triton's Status::AsString prefix of each code (common/src/error.cc CodeString).
+CODE_STRINGS = {Code.UNKNOWN: "Unknown", Code.INTERNAL: "Internal", Code.NOT_FOUND: "Not found",
+                Code.INVALID_ARG: "Invalid argument", Code.UNAVAILABLE: "Unavailable",
+                Code.UNSUPPORTED: "Unsupported", Code.ALREADY_EXISTS: "Already exists",
+                Code.CANCELLED: "<invalid code>"}
+
+
+class LoadFailed(TriremeError):
+    """A load that failed once the model's versions were known: ``message`` is the reason
+    the repository index shows; ``versions`` those that failed with it (none: the model
+    itself failed, as an ensemble or an empty version policy does)."""
+
+    def __init__(self, code: Code | int, message: str, versions: Iterable[int] = ()) -> None:
+        super().__init__(code, message)
+        self.versions = sorted(versions)
+
+
+def explicit_load_failed(model: str, e: LoadFailed) -> TriremeError:
+    """Triton's answer to an explicit load that failed (core ModelRepositoryManager::
+    LoadUnloadModels over ModelLifeCycle::OnLoadComplete): INVALID_ARG, each failed
+    version's state and reason as Status::AsString writes it."""
+    if not e.versions:
+        return TriremeError(Code.INVALID_ARG, f"load failed for model '{model}': {e.message}\n")
+    states = []
+    for v in e.versions:   # (Trireme's reason may name the load already: said once here)
+        why = e.message.removeprefix(load_failed_text(model, v, ""))
+        states.append(f"version {v} is at UNAVAILABLE state: {CODE_STRINGS[e.code]}: {why};")
+    return TriremeError(Code.INVALID_ARG, f"load failed for model '{model}': {''.join(states)}\n")
+
+
 def expects_datatype_text(model: str, kind: str, name: str, expected: str, provided: str) -> str:
     return (f"unable to load model '{model}', configuration expects datatype {expected} for "
             f"{kind} '{name}', model provides {provided}")

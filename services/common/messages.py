@@ -478,12 +478,20 @@ class BatchDone(_Msg):
     # The batch's results for ensemble steps (those with reply_to = LoadModel.step_addr), with
     # their frames after this message: one message, not two, per step and batch.
     results: list[InferResult] = []
+    # Only when requests were answered through their response senders (else []): for each
+    # item, in ExecuteBatch order, the ns from its first response to this message; -1 none
+    # sent yet (StreamsDone.first tells) or none at all, -2 answered with the batch. The
+    # scheduler times the first-response histogram by it (worker clocks are its own).
+    first: list[int] = []
 
 
 class StreamsDone(_Msg):
     """Final responses sent for requests a BatchDone listed as streaming."""
     worker_id: str
     keys: list[tuple[str, int]]
+    # For each key, the ns from its first response to this message when that came after
+    # the BatchDone; -1 when the BatchDone told it (or none was sent).
+    first: list[int] = []
 
 
 # ---------------------------------------------------------------- encoding

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from services.common.errors import invalid_arg
+from services.common.errors import Code, TriremeError, invalid_arg
 
 if TYPE_CHECKING:
     from protos import model_config_pb2 as mc
@@ -196,7 +196,8 @@ def read_labels(model_dir: Path, cfg) -> dict[str, list[str]]:
         try:
             text = path.read_text(encoding="utf-8", errors="replace")
         except OSError as e:
-            raise invalid_arg(f"failed to open text file for read {path}: {e.strerror}") from None
+            raise TriremeError(Code.INTERNAL,   # (Triton's code: its load error names it)
+                               f"failed to open text file for read {path}: {e.strerror}") from None
         lines = text.split("\n")
         if lines and lines[-1] == "":
             lines.pop()

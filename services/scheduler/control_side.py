@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from services.common import logsettings
 from services.common import messages as m
-from services.common.errors import Code, TriremeError, poll_failed
+from services.common.errors import Code, LoadFailed, TriremeError, explicit_load_failed, poll_failed
 from services.common.states import ModelState
 from services.scheduler.metrics import cluster_families
 
@@ -139,7 +139,10 @@ class ControlSide:
                     except TriremeError as e:   # Triton's words; why goes to the log
                         log.warning("load of '%s': %s", msg.model, e.message)
                         raise poll_failed(msg.model) from None
-                await self.models.load(msg.model, override, msg.files)
+                try:
+                    await self.models.load(msg.model, override, msg.files)
+                except LoadFailed as e:   # Triton's words around the reason the index shows
+                    raise explicit_load_failed(msg.model, e) from None
                 self.loaded_models.loaded(msg.model, msg.config_json, msg.files)
             else:
                 await self.models.unload(msg.model)

@@ -31,7 +31,15 @@ from protos import model_config_pb2 as mc
 from services.common import config as cfgmod
 from services.common import messages as m
 from services.common import repository as repo
-from services.common.errors import Code, TriremeError, invalid_arg, not_ready_text, poll_failed, unknown_model
+from services.common.errors import (
+    Code,
+    LoadFailed,
+    TriremeError,
+    invalid_arg,
+    not_ready_text,
+    poll_failed,
+    unknown_model,
+)
 from services.scheduler.dispatch import Instance
 from services.scheduler.ensemble_config import (
     ensemble_labels,
@@ -186,11 +194,16 @@ class ModelManager(InstanceRecovery, ModelNames):
             elif not cfg.name:
                 cfg.name = name
             cfgmod.validate(cfg, require_io=False)
-            versions = repo.select_versions(cfg, repo.available_versions(model_dir))
         except TriremeError as e:
             _drop_override(new)
             self._set_failed(old, e.message)
             raise
+        try:   # (Triton: the load fails on this, not the repository's poll)
+            versions = repo.select_versions(cfg, repo.available_versions(model_dir))
+        except TriremeError as e:
+            _drop_override(new)
+            self._set_failed(old, e.message)
+            raise LoadFailed(e.code, e.message) from None
         for v in versions:
             new.versions[v] = VersionState(v)
         if not old.versions:   # (a reload keeps the old versions serving until the new ones are up)
@@ -208,8 +221,9 @@ class ModelManager(InstanceRecovery, ModelNames):
         except TriremeError as e:
             await self._stop_all(new)
             _drop_override(new)
-            self._set_failed(old, e.message)
-            raise
+            self._set_failed(old, e.message)   # (an ensemble fails as a model, as in Triton)
+            raise LoadFailed(e.code, e.message, () if cfg.HasField("ensemble_scheduling")
+                             else versions) from None
         except Exception as e:   # a bug of ours: the model still ends UNAVAILABLE, never LOADING
             log.exception("load of '%s' failed", name)
             await self._stop_all(new)

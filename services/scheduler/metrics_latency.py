@@ -115,12 +115,17 @@ class Summary:
 
 
 class LatencyRecorder:
-    """One version's raw observations (``records``, ``answers``) and what they fold into:
-    the first-response histogram (``first``) and the five summaries (``summaries``)."""
-    __slots__ = ("answers", "first", "records", "summaries")
+    """One version's raw observations (``records``, ``streamed``, ``answers``, ``firsts``)
+    and what they fold into: the first-response histogram (``first``) and the five summaries
+    (``summaries``)."""
+    __slots__ = ("answers", "first", "firsts", "records", "streamed", "summaries")
 
     def __init__(self, first_bounds: tuple[float, ...] | None, summaries: bool) -> None:
         self.records = bytearray()   # RECORD per request of a successful batch
+        # RECORD per request answered through its response sender: its first response is
+        # not the batch's end but one of ``firsts`` (ns from arrival), told by the worker
+        self.streamed = bytearray()
+        self.firsts: list[int] = []
         # (now_ns, duration_ns, success) of requests answered outside a successful batch
         self.answers: list[tuple[int, int, bool]] = []
         self.first = Histogram(first_bounds) if first_bounds is not None else None
@@ -136,6 +141,24 @@ class LatencyRecorder:
         if len(buf) >= FOLD_BYTES:
             self.fold()
 
+    def sent(self, now_ns: int, requests: list[tuple[int, int]], first: list[int]) -> None:
+        """The first responses of a batch whose requests were answered by their response
+        senders: BatchDone.first, ns before ``now_ns`` (-2: at ``now_ns``; -1: not yet)."""
+        if self.first is None:
+            return
+        for (arrival, _), age in zip(requests, first):
+            if age != -1:
+                self.firsts.append(now_ns - max(age, 0) - arrival)
+        if len(self.firsts) >= FOLD_ANSWERS:
+            self.fold()
+
+    def first_response(self, duration_ns: int) -> None:
+        """A first response that left after its batch was done."""
+        if self.first is not None:
+            self.firsts.append(duration_ns)
+            if len(self.firsts) >= FOLD_ANSWERS:
+                self.fold()
+
     def answered(self, now_ns: int, duration_ns: int, success: bool) -> None:
         """A request answered by the scheduler (an error, or an ensemble's answer)."""
         self.answers.append((now_ns, duration_ns, success))
@@ -144,9 +167,15 @@ class LatencyRecorder:
 
     def fold(self) -> None:
         records, self.records = self.records, bytearray()
+        streamed, self.streamed = self.streamed, bytearray()
         answers, self.answers = self.answers, []
+        firsts, self.firsts = self.firsts, []
         if records:
             self._fold_records(np.frombuffer(records, np.int64).reshape(-1, 6))
+        if streamed:
+            self._fold_records(np.frombuffer(streamed, np.int64).reshape(-1, 6), False)
+        if firsts and self.first is not None:
+            self.first.observe(np.array(firsts, dtype=np.int64) // 1_000_000)
         if answers:
             arr = np.array(answers, dtype=np.int64).reshape(-1, 3)
             if self.first is not None:
@@ -155,10 +184,10 @@ class LatencyRecorder:
                 ok = arr[:, 2] != 0
                 self.summaries["request"].observe(arr[ok, 1] // 1000, arr[ok, 0] // SLOT_NS)
 
-    def _fold_records(self, r: np.ndarray) -> None:
+    def _fold_records(self, r: np.ndarray, first: bool = True) -> None:
         now, arrival = r[:, 0], r[:, 1]
         request_ns = now - arrival
-        if self.first is not None:   # the batch's end: its responses were sent just before
+        if first and self.first is not None:   # the batch's end: its responses left just before
             self.first.observe(request_ns // 1_000_000)
         s = self.summaries
         if s is not None:

@@ -54,9 +54,11 @@ class VersionStats:
         return len(self.batcher) if self.batcher is not None else 0
 
     def executed(self, rows: int, requests: list[tuple[int, int]], failed: int,
-                 compute: tuple[int, int, int], now_ns: int) -> None:
+                 compute: tuple[int, int, int], now_ns: int, first: list[int] | None = None) -> None:
         """One batch finished. ``requests``: (arrival_ns, dispatch_ns) of each request;
-        the first ``len(requests) - failed`` succeeded (a batch fails or succeeds whole)."""
+        the first ``len(requests) - failed`` succeeded (a batch fails or succeeds whole).
+        ``first``: BatchDone.first, when response senders answered (each request's first
+        response may have left before ``now_ns``, or be still to come)."""
         cin, cinf, cout = compute
         self.execution_count += 1
         self.last_inference_ms = time.time_ns() // 1_000_000
@@ -88,13 +90,23 @@ class VersionStats:
                 success[1] += now_ns - arrival
                 queue[1] += dispatched - arrival
             return
-        buf = lat.records   # LatencyRecorder.batch, inlined: this runs per request
+        if first:   # their first responses are timed apart (LatencyRecorder.streamed)
+            lat.sent(now_ns, requests, first)
+            buf = lat.streamed
+        else:
+            buf = lat.records   # LatencyRecorder.batch, inlined: this runs per request
         for arrival, dispatched in requests:
             success[1] += now_ns - arrival
             queue[1] += dispatched - arrival
             buf += _pack(now_ns, arrival, dispatched, cin, cinf, cout)
         if len(buf) >= FOLD_BYTES:
             lat.fold()
+
+    def first_response(self, duration_ns: int) -> None:
+        """A request's first response, sent after its batch was done (a decoupled model's,
+        from its own thread), left ``duration_ns`` after the request arrived."""
+        if self.latency is not None:
+            self.latency.first_response(duration_ns)
 
     def completed(self, rows: int, duration_ns: int) -> None:
         """A request answered without an execution of its own: an ensemble's (its steps

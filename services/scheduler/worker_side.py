@@ -88,7 +88,7 @@ class WorkerSide:
                     sum(p.req.batch_size for p in batch),
                     [(p.arrival_ns, p.dispatch_ns) for p in batch], msg.failed,
                     (msg.compute_input_ns, msg.compute_infer_ns, msg.compute_output_ns),
-                    time.monotonic_ns())
+                    time.monotonic_ns(), msg.first)
             if batch is not None:
                 for p in batch:
                     if p.regions and (p.req.reply_to, p.req.req_id) not in inst.streaming:
@@ -103,9 +103,14 @@ class WorkerSide:
         elif isinstance(msg, m.StreamsDone):
             inst = self._workers.get(msg.worker_id)
             if inst is not None:
-                for key in msg.keys:
+                now = time.monotonic_ns()
+                for key, first in zip(msg.keys, msg.first or [-1] * len(msg.keys)):
                     done = inst.streaming.pop(key, None)
-                    if done is not None and done.regions:
+                    if done is None:
+                        continue
+                    if first >= 0:   # its first response came after its batch: it left then
+                        done.stats.first_response(now - first - done.arrival_ns)
+                    if done.regions:
                         self._answered(done)
         elif isinstance(msg, m.Relay):
             # Results the worker could not send straight to the frontend: the frames are

@@ -86,6 +86,9 @@ class Worker(ResultSender):
         # finals in StreamsDone), both under self.lock.
         self._finals: set[tuple[str, int]] = set()
         self._streaming: set[tuple[str, int]] = set()
+        # When each of them sent its first response (perf_counter_ns; _REPORTED once a
+        # BatchDone told it): the scheduler's first-response histogram (BatchDone.first).
+        self._first_at: dict[tuple[str, int], int] = {}
 
     # ------------------------------------------------------------------ loop
     def run(self) -> None:
@@ -227,9 +230,11 @@ class Worker(ResultSender):
                     streaming.append(key)
             t3 = time.perf_counter_ns()
             t1, t2 = times
-            done = self._encoded(m.BatchDone(
-                batch.batch_id, self.worker_id, t1 - t0, t2 - t1, t3 - t2, failed,
-                self.backend.take_metrics(), streaming, steps), step_frames)
+            done = m.BatchDone(batch.batch_id, self.worker_id, t1 - t0, t2 - t1, t3 - t2, failed,
+                               self.backend.take_metrics(), streaming, steps)
+            if waiting or self._first_at:   # response senders answered: when they began
+                done.first = self._first_ages(items, waiting, t3)
+            done = self._encoded(done, step_frames)
         self.sock.send(done)
 
     def _encoded(self, msg: Any, frames: list[Any]) -> list[Any]:
@@ -318,17 +323,44 @@ class Worker(ResultSender):
             self._add_result(replies, item, _chosen(item, outputs or {}), final, outputs is None)
         if final and item.trace:   # a sampled request: its trace goes on (without COMPUTE_*)
             stamp_results((item,), replies, ())
+        key = (item.reply_to, item.req_id)
         with self.lock:
             steps, step_frames = self._flush(replies)
             if steps:   # a decoupled ensemble step's response, on the scheduler connection
                 self.sock.send(self._encoded(m.InferResults(steps), step_frames))
+            if (error is not None or outputs is not None) and key not in self._first_at:
+                self._first_at[key] = time.perf_counter_ns()   # (a flags-only final is none)
             if final:
-                key = (item.reply_to, item.req_id)
                 if key in self._streaming:   # its batch is done: the scheduler waits for word
                     self._streaming.discard(key)
-                    self.sock.send(m.encode(m.StreamsDone(self.worker_id, [key])))
+                    at = self._first_at.pop(key, _REPORTED)
+                    first = -1 if at == _REPORTED else time.perf_counter_ns() - at
+                    self.sock.send(m.encode(m.StreamsDone(self.worker_id, [key], [first])))
                 else:
                     self._finals.add(key)
+
+    def _first_ages(self, items: list[m.BatchItem], waiting: list[m.BatchItem], now: int) -> list[int]:
+        """BatchDone.first (under self.lock); what is told is forgotten, but for streaming
+        requests, whose later responses must not count as their first."""
+        sent, open_ = self._first_at, self._streaming
+        if not waiting:   # all answered with the batch: the plain timing (a failed execute)
+            for it in items:
+                sent.pop((it.reply_to, it.req_id), None)
+            return []
+        senders = {id(it) for it in waiting}
+        ages = []
+        for it in items:
+            key = (it.reply_to, it.req_id)
+            at = sent.pop(key, None)
+            if id(it) not in senders:
+                ages.append(-2)
+            elif at is None:
+                ages.append(-1)
+            else:
+                ages.append(now - at)
+                if key in open_:
+                    sent[key] = _REPORTED
+        return ages
 
     def _add_error(self, replies: dict, item: m.BatchItem, e: TriremeError, final: bool = True) -> None:
         stream, order = (item.stream, item.order) if final else (0, 0)
@@ -458,6 +490,7 @@ def main(argv: list[str] | None = None) -> int:
 # from PR_SET_PDEATHSIG) nobody would: the C-level handler also writes the signal number to
 # a wakeup fd, and a thread waiting on it ends the process this long after a SIGTERM.
 _TERM_GRACE_S = 10.0
+_REPORTED = -1   # _first_at: the first response was told in a BatchDone
 
 
 def _exit_if_stuck_after_term() -> None:

@@ -276,8 +276,9 @@ def test_classification_with_shared_memory_is_refused(server):
 
 
 def test_missing_label_file_fails_the_load(tmp_path):
-    """Triton fails the load: "failed to open text file for read <path>: <strerror>"; the
-    model is UNAVAILABLE with that reason (a load on its own and as an ensemble's step)."""
+    """Triton fails the load: "failed to open text file for read <path>: <strerror>"
+    (wrapped in its explicit-load words); the model is UNAVAILABLE with that reason (a load
+    on its own and as an ensemble's step)."""
     root = tmp_path / "models"
     models.identity(root / "nolabels", "fp32")
     models.write_config(root / "nolabels", _config("nolabels", "FP32", 8, "[ -1 ]", True))
@@ -291,7 +292,9 @@ def test_missing_label_file_fails_the_load(tmp_path):
             for client, status in ((http, "400"), (grpc, "StatusCode.INVALID_ARGUMENT")):
                 with pytest.raises(InferenceServerException) as e:
                     client.load_model("nolabels")
-                assert (e.value.status(), e.value.message()) == (status, text)
+                assert (e.value.status(), e.value.message()) == (status, (
+                    f"load failed for model 'nolabels': version 1 is at UNAVAILABLE state: "
+                    f"Internal: {text};\n"))
                 assert not client.is_model_ready("nolabels")
                 with pytest.raises(InferenceServerException) as e:
                     client.load_model("nolabels_ens")

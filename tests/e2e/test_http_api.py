@@ -347,8 +347,8 @@ def test_body_larger_than_http_max_input_size(standard_repo):
                                   data.tobytes(), {HEADER_LENGTH: "0"})
         assert status == 400
         msg = error_of(body)
-        assert "exceeds the maximum allowed input size of 4096 bytes" in msg
-        assert "Use --http-max-input-size to increase the limit" in msg
+        assert msg == ("Raw input has a byte_size (8192 bytes) that exceeds the maximum allowed "
+                       "value of 4096 bytes. Use --http-max-input-size to increase the limit.")
 
         a = np.zeros((1, 16), np.float32)
         padded = json_infer_body(a, a)[:-1] + b" " * 8192 + b"}"
@@ -357,7 +357,9 @@ def test_body_larger_than_http_max_input_size(standard_repo):
         # the limit applies after decompression
         status, _, body = request(small, "POST", "/v2/models/add_sub/infer",
                                   gzip.compress(padded), {"Content-Encoding": "gzip"})
-        assert status == 400 and "exceeds the maximum allowed input size" in error_of(body)
+        assert status == 400 and error_of(body) == (
+            "Decompressed data size exceeds the maximum allowed value of 4096 bytes. Use "
+            "--http-max-input-size to increase the limit.")
         # a body under the limit still works
         status, _, body = request(small, "POST", "/v2/models/add_sub/infer",
                                   json_infer_body(a, a))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import queue
 import re
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -28,6 +29,39 @@ DURATIONS = ["nv_inference_request_duration_us", "nv_inference_queue_duration_us
 ADD_SUB = 'model="add_sub",version="1",_team="search"'
 REPEAT_L = 'model="repeat",version="1"'
 RAISER_L = 'model="raiser",version="1"'
+LATE_L = 'model="late_final",version="1"'
+# Decoupled: IN = 0: its first response at once and its final (with data) 300 ms later, both
+# from execute(); IN > 0: execute() returns at once, its thread sends the first response IN ms
+# after the request came in and the final at 300 ms.
+LATE_FINAL = '''
+import threading
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            start = time.monotonic()
+            x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            sender = request.get_response_sender()
+            if x[0] == 0:
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x)]))
+                self.respond(start, x, sender)
+            else:
+                threading.Thread(target=self.respond, args=(start, x, sender)).start()
+        return None
+
+    def respond(self, start, x, sender):
+        pause = threading.Event()
+        if x[0] > 0:
+            pause.wait(max(0.0, start + x[0] / 1000 - time.monotonic()))
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x)]))
+        pause.wait(max(0.0, start + 0.3 - time.monotonic()))
+        sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x + 1)]),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+'''
 
 
 def scrape_text(srv) -> str:
@@ -59,6 +93,9 @@ def repo(tmp_path_factory) -> Path:
         '{ buckets: [ 1, 2.5, 4, 8000 ] } } ] }\n'))
     python_model(root, "repeat", REPEAT, io_config(
         "repeat", [("IN", "TYPE_INT32", "[ -1 ]")], [("OUT", "TYPE_INT32", "[ 1 ]")],
+        extra="model_transaction_policy { decoupled: true }"))
+    python_model(root, "late_final", LATE_FINAL, io_config(
+        "late_final", [("IN", "TYPE_INT32", "[ 1 ]")], [("OUT", "TYPE_INT32", "[ 1 ]")],
         extra="model_transaction_policy { decoupled: true }"))
     python_model(root, "raiser", RAISER, io_config(
         "raiser", [("X", "TYPE_INT32", "[ 1 ]")], [("Y", "TYPE_INT32", "[ 1 ]")]))
@@ -168,6 +205,56 @@ def test_histograms_summaries_and_labels_follow_the_requests(full):
             assert names[:2] == ["model", "version"], key
             extra = [n for n in names[2:] if not n.startswith("_")]
             assert extra in ([], ["reason"], ["le"], ["quantile"]), key
+
+
+def _stream_late_final(srv, first_ms: int, n: int) -> list[float]:
+    """n requests to late_final, one after the other's final (one instance: none waits in
+    the queue); the seconds from each request to its final response."""
+    answers: queue.Queue = queue.Queue()
+    c = grpcclient.InferenceServerClient(srv.grpc_url)
+    c.start_stream(lambda result, error: answers.put((time.monotonic(), result, error)))
+    finals = []
+    try:
+        for _ in range(n):
+            i = grpcclient.InferInput("IN", [1], "INT32")
+            i.set_data_from_numpy(np.array([first_ms], np.int32))
+            sent = time.monotonic()
+            c.async_stream_infer("late_final", [i])
+            while True:
+                at, result, error = answers.get(timeout=30)
+                assert error is None, error
+                if result.as_numpy("OUT")[0] == first_ms + 1:
+                    finals.append(at - sent)
+                    break
+        return finals
+    finally:
+        c.stop_stream()
+        c.close()
+
+
+def test_first_response_of_a_decoupled_model_is_its_first_not_its_last(full):
+    """Triton observes the histogram as a request's first response is sent (core
+    InferenceResponse::UpdateResponseMetrics), not when the request is released."""
+    def histogram(count):
+        def read():
+            _, s = parse(scrape_text(full))
+            return s.get(f"{FIRST}_count{{{LATE_L}}}") == count and s
+        return wait_until(read, 30, f"{count} first responses of late_final")
+
+    # first and final from execute(), the final (the batch's end) 300 ms after the first
+    finals = _stream_late_final(full, 0, 3)
+    assert min(finals) >= 0.3
+    s = histogram(3)
+    before = s[f"{FIRST}_sum{{{LATE_L}}}"]
+    assert before < 3 * 100
+    assert s[f'{FIRST}_bucket{{{LATE_L},le="100"}}'] == 3
+    # first from the model's thread 150 ms in (after execute() returned), final at 300 ms
+    finals = _stream_late_final(full, 150, 2)
+    assert min(finals) >= 0.3
+    s = histogram(5)
+    assert s[f'{FIRST}_bucket{{{LATE_L},le="100"}}'] == 3
+    assert s[f'{FIRST}_bucket{{{LATE_L},le="500"}}'] == 5
+    assert 2 * 150 <= s[f"{FIRST}_sum{{{LATE_L}}}"] - before < 2 * 290
 
 
 def test_cpu_metrics_present_and_plausible(full):

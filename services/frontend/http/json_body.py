@@ -57,11 +57,16 @@ def size_limit_message(kind: str, size: int | None, limit: int) -> str:
     """Text for a body over --http-max-input-size, Triton's EVBufferToJson words ("request
     JSON size of N bytes exceeds the maximum allowed input size of M bytes. Use
     --http-max-input-size to increase the limit."; Triton's QA matches on them). ``kind``
-    names the body ("request JSON", "raw request"); ``size`` None: the body was streamed
-    and reading stopped at the limit."""
+    names the body ("request JSON", "raw request", "decompressed": its own texts);
+    ``size`` None: the body was streamed and reading stopped at the limit."""
     got = f"{size}" if size is not None else f"more than {limit}"
-    return (f"{kind} size of {got} bytes exceeds the maximum allowed input size of {limit} "
-            f"bytes. Use --http-max-input-size to increase the limit.")
+    use = "Use --http-max-input-size to increase the limit."
+    if kind == "raw request":   # Triton's EVBufferToRawInput
+        return (f"Raw input has a byte_size ({got} bytes) that exceeds the maximum allowed "
+                f"value of {limit} bytes. {use}")
+    if kind == "decompressed":   # a gzip/deflate body: Triton's DataCompressor
+        return f"Decompressed data size exceeds the maximum allowed value of {limit} bytes. {use}"
+    return f"{kind} size of {got} bytes exceeds the maximum allowed input size of {limit} bytes. {use}"
 
 
 # ---- JSON ------------------------------------------------------------------------------

@@ -205,7 +205,8 @@ class Handlers:
 
     async def _body(self, request: Any, kind: str) -> Any:
         """The whole (decompressed) body; over --http-max-input-size: Triton's 400 text.
-        `kind` names the body in that text ("request JSON", "raw request", "request")."""
+        `kind` names the body in that text ("request JSON", "raw request", "request",
+        "decompressed")."""
         try:
             return await request.read()
         except BodyTooLarge as e:
@@ -283,7 +284,8 @@ class Handlers:
                                 {"Accept-Encoding": "gzip, deflate"})
         header_text = headers.get(_HEADER_LENGTH)
         raw = header_text is not None and header_text.strip() == "0"
-        kind = ("raw request" if raw else "request JSON" if header_text is None
+        kind = ("decompressed" if encoding and encoding.strip().lower() != "identity"
+                else "raw request" if raw else "request JSON" if header_text is None
                 else "request")
         body = await self._body(request, kind)
         header_length = codec.parse_header_length(header_text, len(body))

@@ -140,7 +140,9 @@ def test_read_labels(tmp_path):
     c = cfg('output [ { name: "prob" label_filename: "labels.txt" }, { name: "other" } ]')
     assert R.read_labels(m, c) == {"prob": ["cat", "dog", "", "bird"]}
     bad = cfg('output [ { name: "p" label_filename: "missing.txt" } ]')
-    assert "missing.txt" in expect_error(R.read_labels, m, bad)
+    with pytest.raises(TriremeError) as ei:   # Triton's code: "Internal: failed to open ..."
+        R.read_labels(m, bad)
+    assert ei.value.code == Code.INTERNAL and "missing.txt" in ei.value.message
 
 
 # ------------------------------------------------------------------------ fingerprint

@@ -425,6 +425,13 @@ def test_error_body_and_size_message():
     msg = json_body.size_limit_message("request JSON", 2048, 1024)
     assert msg == ("request JSON size of 2048 bytes exceeds the maximum allowed input size of 1024 "
                    "bytes. Use --http-max-input-size to increase the limit.")
+    # Triton's raw-input and decompression texts (http_server.cc, data_compressor.h)
+    assert json_body.size_limit_message("raw request", 2048, 1024) == (
+        "Raw input has a byte_size (2048 bytes) that exceeds the maximum allowed value of 1024 "
+        "bytes. Use --http-max-input-size to increase the limit.")
+    assert json_body.size_limit_message("decompressed", None, 1024) == (
+        "Decompressed data size exceeds the maximum allowed value of 1024 bytes. Use "
+        "--http-max-input-size to increase the limit.")
 
 
 def test_unknown_load_parameter():

@@ -252,6 +252,22 @@ def test_ensemble_answers_count_in_request_summary_and_first_response():
     assert got[f"{FIRST}_count{{{LABELS}}}"] == "1"
 
 
+def test_response_senders_first_responses_are_theirs_not_the_batch_end():
+    m, s = metrics("summary_latencies=true", "histogram_latencies=true")
+    # A batch done 400 ms after its requests arrived: the first request's first response
+    # left 390 ms before the BatchDone, the second's comes later (StreamsDone: 250 ms
+    # after arrival), the third was answered with the batch, the fourth never sent one.
+    arrived = T0 - 400 * MS
+    s.executed(4, [(arrived, arrived)] * 4, 0, (0, 0, 0), T0, [390 * MS, -1, -2, -1])
+    s.first_response(250 * MS)
+    got = samples(m.render(T0))
+    assert got[f"{FIRST}_count{{{LABELS}}}"] == "3"
+    assert got[f"{FIRST}_sum{{{LABELS}}}"] == str(10 + 250 + 400)
+    # the request summary still times each request to its batch's end (as Triton's stats)
+    assert got[f"nv_inference_request_summary_us_count{{{LABELS}}}"] == "4"
+    assert got[f"nv_inference_request_summary_us_sum{{{LABELS}}}"] == str(4 * 400_000)
+
+
 def test_metric_tags_are_underscored_labels_as_triton():
     m, s = metrics(cfg=config('metric_tags { key: "team" value: "search" }'))
     run_batch(s, T0, [(T0 - MS, T0)])
