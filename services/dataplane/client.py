@@ -379,6 +379,8 @@ class DataPlane(ControlCalls, TraceCalls, Outbox):
             while not final:
                 result, rframes = await queue.get()
                 final = result.final
+                if self.trace_on:   # a traced stream counts its responses (TraceCalls)
+                    self._trace_stream(result, rframes, info.decoupled)
                 if result.error is not None and not final:
                     yield CoreResponse(req.model, str(version), req.id, final=False,
                                        error=error_from(result.error))

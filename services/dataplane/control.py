@@ -182,6 +182,18 @@ class TraceCalls:
                 outputs.append((ref.name, ref.datatype, list(ref.shape), data))
         ctx.arrived(result.trace, outputs)
 
+    def _trace_stream(self, result: m.InferResult, frames: list[Any], decoupled: bool) -> None:
+        """A response (or bare final flag) of a streamed request: counted by its trace
+        (frontend/trace.py StreamTrace), and the sampled request's result taken in."""
+        ctx = trace.CURRENT.get()
+        if ctx is None:
+            return
+        got = getattr(ctx, "got", None)
+        if got is not None:
+            got(decoupled)
+        if result.trace:
+            self._trace_result(result, frames)
+
     def _trace_record(self, trace_id: int, ctx: trace.RequestTrace) -> None:
         """A sampled request's trace is complete: its text goes to the scheduler, which
         files it (mode triton); or its spans go to the collector from here, and the

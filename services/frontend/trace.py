@@ -17,16 +17,31 @@ request); REQUEST_END is when the answer is encoded.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from services.common import messages as m
 from services.common.errors import Code, TriremeError, invalid_arg
-from services.common.trace import CURRENT, TENSORS, TIMESTAMPS, RequestTrace, stoi, valid_traceparent
+from services.common.trace import (
+    COMPUTE_NAMES,
+    CURRENT,
+    QUEUE_START,
+    TENSORS,
+    TIMESTAMPS,
+    TRACE_ID,
+    TRACE_LEVEL,
+    RequestTrace,
+    model_object,
+    stoi,
+    timestamp,
+    valid_traceparent,
+)
 from services.dataplane.api import DataPlaneAPI
 
-__all__ = ["FILE_TEXT", "OFF_ALONE_TEXT", "error_record", "level_bits", "parse_count",
-           "parse_uint", "runner", "supports_tracing", "trace_headers", "unsupported_file"]
+__all__ = ["CURRENT", "FILE_TEXT", "OFF_ALONE_TEXT", "StreamTrace", "error_record", "level_bits",
+           "parse_count", "parse_uint", "runner", "sent", "stream_runner", "supports_tracing",
+           "trace_headers", "TracedChunks", "unsupported_file", "valid_traceparent"]
 
 R = TypeVar("R")
 
@@ -93,7 +108,8 @@ def parse_count(text: str, grpc: bool) -> int:
 # ---- tracing an inference handler ---------------------------------------------------------
 
 def runner(handler: Callable[..., Awaitable[R]], protocol: str, dp: DataPlaneAPI,
-           carrier: Callable[..., dict[str, str]]) -> Callable[..., Awaitable[R]]:
+           carrier: Callable[..., dict[str, str]],
+           kind: type[RequestTrace] = RequestTrace) -> Callable[..., Awaitable[R]]:
     """``handler`` (an inference handler of ``protocol``, "HTTP" or "GRPC") run for a
     request that may be traced: with its RequestTrace in CURRENT. The protocol modules call
     it only when ``dp.trace_on`` and ``dp.trace_level(model)`` say so (their wrappers take
@@ -101,7 +117,7 @@ def runner(handler: Callable[..., Awaitable[R]], protocol: str, dp: DataPlaneAPI
     ``carrier(*args)``: the request's W3C trace context headers, read in mode
     opentelemetry (a valid one makes the request traced whatever the rate, as in Triton)."""
     async def run(*args: Any) -> R:
-        ctx = RequestTrace(protocol)
+        ctx = kind(protocol)
         if dp.trace_mode == "opentelemetry":
             headers = carrier(*args)
             if valid_traceparent(headers.get("traceparent")):
@@ -147,3 +163,157 @@ def _answered(ctx: RequestTrace) -> None:
 
 def unsupported_file() -> TriremeError:
     return TriremeError(Code.UNSUPPORTED, FILE_TEXT)
+
+
+# ---- a request with a stream of responses: gRPC ModelStreamInfer, HTTP generate -------------
+
+class StreamTrace(RequestTrace):
+    """A request whose responses are written one by one: each of a ModelStreamInfer stream
+    (protocol "GRPC") and a generate or generate_stream request (protocol "HTTP"). The data
+    plane calls ``got(decoupled)`` for every response (or bare final flag) of the request,
+    its adapter ``sent()`` for each one it writes.
+
+    The layouts are the ones tritonserver 2.51 writes (stream_infer_handler.cc,
+    http_server.cc's GenerateRequestClass), in the order the times happen where Triton's
+    order is a race between its frontend and its backend:
+    - a stream request to a plain model: ModelInfer's;
+    - to a decoupled model: the model object, REQUEST_START, QUEUE_START,
+      GRPC_WAITREAD_START/END, INFER_RESPONSE_COMPLETE (the first response's only),
+      GRPC_SEND_START/END for each response written, the COMPUTE_* times, REQUEST_END
+      (when the final flag came);
+    - generate: HTTP_RECV_START/END, the model object, REQUEST_START, QUEUE_START,
+      COMPUTE_*, INFER_RESPONSE_COMPLETE for each response (and bare final flag),
+      REQUEST_END, then HTTP_SEND_START and HTTP_SEND_END for each response written, both
+      0 (Triton's evhtp does not time chunked sends: its FIXME)."""
+
+    __slots__ = ("decoupled", "received", "sends")
+
+    def __init__(self, protocol: str) -> None:
+        super().__init__(protocol)
+        self.decoupled = False
+        self.received: list[int] = []           # INFER_RESPONSE_COMPLETE, each response
+        self.sends: list[list[int]] = []         # [SEND_START, SEND_END], each written
+
+    def got(self, decoupled: bool) -> None:
+        self.decoupled = decoupled
+        self.received.append(time.monotonic_ns())
+
+    def arrived(self, head: list[int],
+                outputs: list[tuple[str, str, list[int], bytes]] | None) -> None:
+        super().arrived(head, outputs)
+        self.request_end = self.response   # the final flag
+        if self.received:
+            self.response = self.received[0]
+
+    def replied(self) -> None:
+        super().replied()
+        if self.protocol == "HTTP" and not self.sends:   # generate: its one answer
+            self.sends.append([0, 0])
+
+    def sent(self) -> None:
+        """A response is handed to the server: SEND_END once the loop turns (written)."""
+        pair = [time.monotonic_ns(), 0]
+        self.sends.append(pair)
+        asyncio.get_running_loop().call_soon(_stamp_end, pair)
+
+    def text(self) -> str:
+        level = self.head[TRACE_LEVEL]
+        if self.protocol == "GRPC" and not self.decoupled or not level & TIMESTAMPS:
+            if self.sends:
+                self.send_start, self.send_end = self.sends[0]
+            return super().text()
+        tid, h = self.head[TRACE_ID], self.head
+        grpc = self.protocol == "GRPC"
+        tensors = ""
+        if level & TENSORS:   # the timestamps of RequestTrace.text, then the tensors alone
+            self.head = [tid, TENSORS, *h[2:]]
+            tensors = super().text()
+            self.head = h
+        out = [] if grpc else [timestamp(tid, "HTTP_RECV_START", self.recv_start),
+                               timestamp(tid, "HTTP_RECV_END", self.recv_end)]
+        out += [model_object(tid, self.model, self.version, self.request_id),
+                timestamp(tid, "REQUEST_START", self.request_start),
+                timestamp(tid, "QUEUE_START", h[QUEUE_START])]
+        if tensors:
+            out.append(tensors)
+        compute = [timestamp(tid, n, ns) for n, ns in zip(COMPUTE_NAMES, h[QUEUE_START + 1:])]
+        end = timestamp(tid, "REQUEST_END", self.request_end or self.response)
+        if grpc:
+            out += [timestamp(tid, "GRPC_WAITREAD_START", self.recv_start),
+                    timestamp(tid, "GRPC_WAITREAD_END", self.recv_end),
+                    timestamp(tid, "INFER_RESPONSE_COMPLETE", self.response)]
+            for start, stop in self.sends:
+                out += [timestamp(tid, "GRPC_SEND_START", start),
+                        timestamp(tid, "GRPC_SEND_END", stop)]
+            return ",".join([*out, *compute, end])
+        out += compute
+        out += [timestamp(tid, "INFER_RESPONSE_COMPLETE", ns) for ns in self.received]
+        out.append(end)
+        for _ in self.sends:
+            out += [timestamp(tid, "HTTP_SEND_START", 0), timestamp(tid, "HTTP_SEND_END", 0)]
+        return ",".join(out)
+
+
+def _stamp_end(pair: list[int]) -> None:
+    pair[1] = time.monotonic_ns()
+
+
+def sent() -> None:
+    """The running request writes a response: a SEND pair if it is a traced stream."""
+    ctx = CURRENT.get()
+    if isinstance(ctx, StreamTrace):
+        ctx.sent()
+
+
+def stream_runner(handler: Callable[..., Awaitable[None]],
+                  dp: DataPlaneAPI) -> Callable[..., Awaitable[None]]:
+    """``handler`` (one ModelStreamInfer request's producer) run with a StreamTrace in
+    CURRENT; the trace is written once its last response is handed to the stream."""
+    async def run(*args: Any) -> None:
+        ctx = StreamTrace("GRPC")
+        token = CURRENT.set(ctx)
+        try:
+            await handler(*args)
+        finally:
+            CURRENT.reset(token)
+            if ctx.head:
+                if not ctx.request_end:
+                    ctx.request_end = ctx.response
+                asyncio.get_running_loop().call_soon(ctx.finish)
+    return run
+
+
+class TracedChunks:
+    """A generate_stream body (``chunks``, an async iterator with aclose) of the traced
+    request ``ctx``: its responses are read with the trace in CURRENT (the data plane
+    finds it), each chunk counts as a send, and the trace is written when the body ends."""
+
+    def __init__(self, chunks: Any, ctx: StreamTrace) -> None:
+        self._chunks, self._ctx = chunks, ctx
+
+    def __aiter__(self) -> TracedChunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        token = CURRENT.set(self._ctx)
+        try:
+            chunk = await self._chunks.__anext__()
+        except StopAsyncIteration:
+            self._end()
+            raise
+        finally:
+            CURRENT.reset(token)
+        self._ctx.sent()
+        return chunk
+
+    async def aclose(self) -> None:
+        token = CURRENT.set(self._ctx)
+        try:
+            await self._chunks.aclose()
+        finally:
+            CURRENT.reset(token)
+            self._end()
+
+    def _end(self) -> None:
+        if self._ctx.head and self._ctx.sink is not None:
+            asyncio.get_running_loop().call_soon(self._ctx.finish)

@@ -9,9 +9,10 @@ death causes (its InstanceRecovery half, recovery.py: restarts, lost instances, 
 kills): the Scheduler (main.py) only routes its messages and process events to its methods.
 The records it keeps per model are entries.py's.
 
-Stopping is bounded: an unload waits ``unload_timeout_s`` for the batches in flight, a
-shutdown its grace (--exit-timeout-secs); an instance still executing then is killed and
-its requests fail UNAVAILABLE with a text naming that timeout.
+Stopping is bounded (its Retirement half, retirement.py): an unload waits
+``unload_timeout_s`` for the batches in flight, a shutdown its grace (--exit-timeout-secs);
+an instance still executing then is killed and its requests fail UNAVAILABLE with a text
+naming that timeout. Name resolution with --model-namespacing: namespaces.py.
 """
 from __future__ import annotations
 
@@ -31,15 +32,7 @@ from protos import model_config_pb2 as mc
 from services.common import config as cfgmod
 from services.common import messages as m
 from services.common import repository as repo
-from services.common.errors import (
-    Code,
-    LoadFailed,
-    TriremeError,
-    invalid_arg,
-    not_ready_text,
-    poll_failed,
-    unknown_model,
-)
+from services.common.errors import Code, LoadFailed, TriremeError, invalid_arg, poll_failed, unknown_model
 from services.scheduler.dispatch import Instance
 from services.scheduler.ensemble_config import (
     ensemble_labels,
@@ -51,21 +44,20 @@ from services.scheduler.ensemble_config import (
 from services.scheduler.entries import READY, UNAVAILABLE, UNLOADING, ModelEntry, VersionState, model_info
 from services.scheduler.namespaces import ModelNames
 from services.scheduler.recovery import InstanceRecovery
-from services.scheduler.watchdog import Watchdog, execution_limit, exit_timeout_text, unload_timeout_text
+from services.scheduler.retirement import Retirement, drop_override
+from services.scheduler.watchdog import Watchdog, execution_limit
 
 log = logging.getLogger("trireme.models")
 
 RESTART_BACKOFF_S = 0.5
 UNLOAD_TIMEOUT_S = 30.0     # batches in flight get this long to finish when their model unloads
-KILL_AFTER_S = 0.5          # shutdown: an idle worker's SIGTERM is followed by SIGKILL after this
-DRAIN_POLL_S = 0.05
 _worker_ids = itertools.count(1)
 # Worker ids are unique across scheduler restarts too: a worker host may still report the
 # exit of a worker of the scheduler that came before this one.
 _RUN = os.urandom(3).hex()
 
 
-class ModelManager(InstanceRecovery, ModelNames):
+class ModelManager(InstanceRecovery, ModelNames, Retirement):
     """Owns every ModelEntry; the Scheduler gives it the process and messaging hooks."""
 
     def __init__(self, repositories: list[Path], *, spawn_instance: Callable, stop_instance: Callable,
@@ -195,13 +187,13 @@ class ModelManager(InstanceRecovery, ModelNames):
                 cfg.name = name
             cfgmod.validate(cfg, require_io=False)
         except TriremeError as e:
-            _drop_override(new)
+            drop_override(new)
             self._set_failed(old, e.message)
             raise
         try:   # (Triton: the load fails on this, not the repository's poll)
             versions = repo.select_versions(cfg, repo.available_versions(model_dir))
         except TriremeError as e:
-            _drop_override(new)
+            drop_override(new)
             self._set_failed(old, e.message)
             raise LoadFailed(e.code, e.message) from None
         for v in versions:
@@ -220,20 +212,20 @@ class ModelManager(InstanceRecovery, ModelNames):
                 cfg = await self._start_instances(new, cfg, versions)
         except TriremeError as e:
             await self._stop_all(new)
-            _drop_override(new)
+            drop_override(new)
             self._set_failed(old, e.message)   # (an ensemble fails as a model, as in Triton)
             raise LoadFailed(e.code, e.message, () if cfg.HasField("ensemble_scheduling")
                              else versions) from None
         except Exception as e:   # a bug of ours: the model still ends UNAVAILABLE, never LOADING
             log.exception("load of '%s' failed", name)
             await self._stop_all(new)
-            _drop_override(new)
+            drop_override(new)
             err = TriremeError(Code.INTERNAL, f"internal error: {type(e).__name__}: {e}")
             self._set_failed(old, err.message)
             raise err from e
         except BaseException:   # cancelled (shutdown): no worker of this load may outlive it
             await self._stop_all(new)
-            _drop_override(new)
+            drop_override(new)
             raise
         finally:
             self._starting.remove(new)
@@ -377,59 +369,6 @@ class ModelManager(InstanceRecovery, ModelNames):
                 v: VersionState(v, UNAVAILABLE, "unloaded") for v in e.versions})
             self.changed([key])
 
-    async def _retire(self, entry: ModelEntry, reason: str) -> None:
-        """Fail what is still queued, let the batches in flight finish within the unload
-        timeout (an instance still executing then is killed, its requests fail), stop the
-        workers. None of them restarts from now on."""
-        for inst in entry.instances:
-            inst.retired = True
-        for vs in entry.versions.values():
-            if vs.queue is not None:
-                vs.queue.fail_queued(Code.UNAVAILABLE, not_ready_text(entry.name, vs.version))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.unload_timeout_s
-        self._retiring.append(entry)
-        try:
-            while any(i.inflight for i in entry.instances) and loop.time() < deadline:
-                await asyncio.sleep(min(DRAIN_POLL_S, max(0.0, deadline - loop.time())))
-            for inst in list(entry.instances):
-                if inst.inflight:
-                    self._kill_busy(entry, inst, unload_timeout_text(inst, self.unload_timeout_s))
-            await self._stop_all(entry)
-        finally:
-            self._retiring.remove(entry)
-        _drop_override(entry)
-
-    def _kill_busy(self, entry: ModelEntry, inst: Instance, why: str) -> None:
-        """An instance that must stop while it executes: SIGKILL (whatever it runs may
-        never return to see a SIGTERM), and each request it held fails UNAVAILABLE now."""
-        log.error("%s", why)
-        inst.loaded = False
-        if inst.handle is not None:
-            inst.handle.kill()
-        vs = entry.versions.get(inst.version)
-        if vs is not None and vs.queue is not None:
-            vs.queue.worker_died(inst, why, Code.UNAVAILABLE)
-
-    async def _stop_all(self, entry: ModelEntry) -> None:
-        for vs in entry.versions.values():
-            if vs.queue is not None:
-                self.watchdog.unwatch(vs.queue)
-        insts = list(entry.instances)
-        await asyncio.gather(*(self._stop(i) for i in insts), return_exceptions=True)
-        stopped = {id(i) for i in insts}
-        entry.instances[:] = [i for i in entry.instances if id(i) not in stopped]
-
-    def _stop(self, inst: Instance) -> asyncio.Future:
-        """Stop an instance once. A second caller (a cancelled load cleaning up while
-        shutdown() stops the same workers) waits for the same stop: a second SIGTERM can
-        land inside the worker's SIGTERM handler and deadlock it (services/workers/main.py)."""
-        fut = self._stops.get(inst.worker_id)
-        if fut is None:
-            fut = self._stops[inst.worker_id] = asyncio.ensure_future(self.stop_instance(inst))
-            fut.add_done_callback(lambda _f, k=inst.worker_id: self._stops.pop(k, None))
-        return asyncio.shield(fut)
-
     async def poll(self) -> None:
         """One poll-mode pass: load new or changed models, unload removed ones.
 
@@ -455,55 +394,6 @@ class ModelManager(InstanceRecovery, ModelNames):
                 if inst.worker_id == worker_id:
                     return e, inst
         return None
-
-    async def shutdown(self, grace_s: float = 0.0, drained: asyncio.Future | None = None) -> None:
-        """Stop every worker within ``grace_s`` + KILL_AFTER_S: queued and running work
-        (and ``drained``, the frontends' own shutdown) gets ``grace_s`` to finish; then an
-        instance still executing is killed and its requests fail, what is still queued
-        fails, and the idle workers are stopped (SIGTERM, SIGKILL after KILL_AFTER_S)."""
-        self._closing = True
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace_s
-        while loop.time() < deadline and ((drained is not None and not drained.done())
-                                          or self._has_work()):
-            await asyncio.sleep(min(DRAIN_POLL_S, max(0.0, deadline - loop.time())))
-        self.watchdog.close()
-        entries = list({id(e): e for e in (*self.models.values(), *self._retiring,
-                                           *self._starting)}.values())
-        for e in entries:
-            for vs in e.versions.values():
-                if vs.queue is not None:
-                    vs.queue.fail_queued(Code.UNAVAILABLE, not_ready_text(e.name, vs.version))
-            for inst in list(e.instances):
-                if inst.inflight:
-                    self._kill_busy(e, inst, exit_timeout_text(inst, grace_s))
-        stops = asyncio.gather(*(self._stop_all(e) for e in entries), return_exceptions=True)
-        kill_at = max(deadline, loop.time()) + KILL_AFTER_S
-        try:
-            await asyncio.wait_for(asyncio.shield(stops), max(0.0, kill_at - loop.time()))
-        except TimeoutError:   # a worker that does not end on SIGTERM (its finalize hangs)
-            for e in entries:
-                for inst in e.instances:
-                    if inst.handle is not None:
-                        inst.handle.kill()
-            await stops
-        # Loads still in progress (explicit-mode requests are not cancelled) fail now that
-        # their workers are gone and stop whatever they started; wait for them, bounded.
-        until = loop.time() + KILL_AFTER_S
-        while (self._starting or self._retiring or self._stops) and loop.time() < until:
-            await asyncio.sleep(DRAIN_POLL_S)
-        for e in self.models.values():
-            _drop_override(e)
-
-    def _has_work(self) -> bool:
-        """A batch running, or requests queued where an instance can still run them."""
-        for e in self.models.values():
-            for vs in e.versions.values():
-                q = vs.queue
-                if q is not None and q.instances and q.busy:
-                    return True
-        return False
-
 
 def _placement(group: Any, i: int) -> tuple[str, int]:
     """(kind, device) of the i-th instance of an instance group."""
@@ -532,8 +422,3 @@ def _write_override(name: str, files: dict[str, bytes]) -> Path:
         shutil.rmtree(root, ignore_errors=True)
         raise
     return model_dir
-
-
-def _drop_override(entry: ModelEntry) -> None:
-    if entry.override_dir is not None:
-        shutil.rmtree(entry.override_dir.parent, ignore_errors=True)

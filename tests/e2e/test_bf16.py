@@ -4,8 +4,8 @@
 - Binary BF16 works both ways over HTTP and gRPC (raw contents), through Python models:
   Triton's own qa model identity_bf16 (unmodified: it checks that as_numpy() refuses a BF16
   tensor and goes through DLPack and torch) and an arithmetic one.
-  (onnxruntime runs a BF16 Identity, but its Python API takes no bfloat16 numpy array, so the
-  ONNX backend cannot feed one yet.)
+  And through an ONNX model (onnxruntime's Python API takes no bfloat16 array: the backend
+  feeds and reads BF16 through OrtValues).
 - Other datatypes' JSON: BOOL only true/false, integers wrap to their width as a C cast, floats
   take any number, BYTES only strings; the texts are Triton's (which answers them with 500:
   400 here, the client's mistake)."""
@@ -106,8 +106,43 @@ def server(tmp_path_factory):
         models.identity(root / f"identity_{dt}", dt)
         models.write_config(root / f"identity_{dt}",
                             "max_batch_size: 8\ninstance_group [{ kind: KIND_CPU, count: 1 }]\n")
+    _onnx_bf16(root / "onnx_bf16")
     with start_server(root) as srv:
         yield srv
+
+
+def _onnx_bf16(model_dir) -> None:
+    """INPUT0 (BF16) -> OUTPUT0 = 2 x INPUT0 (BF16) and OUTPUT1 = the same as FP32."""
+    from onnx import TensorProto, helper
+    g = helper.make_graph(
+        [helper.make_node("Cast", ["INPUT0"], ["x"], to=TensorProto.FLOAT),
+         helper.make_node("Mul", ["x", "two"], ["OUTPUT1"]),
+         helper.make_node("Cast", ["OUTPUT1"], ["OUTPUT0"], to=TensorProto.BFLOAT16)], "bf16",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.BFLOAT16, ["batch", "n"])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.BFLOAT16, ["batch", "n"]),
+         helper.make_tensor_value_info("OUTPUT1", TensorProto.FLOAT, ["batch", "n"])],
+        [helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])])
+    models._save(g, model_dir / "1" / "model.onnx")
+    models.write_config(model_dir, "max_batch_size: 8\n")
+
+
+@pytest.mark.parametrize("mod", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_bf16_through_an_onnx_model(server, mod):
+    url = server.http_url if mod is httpclient else server.grpc_url
+    client = mod.InferenceServerClient(url)
+    x = np.array([[1.5, -2.0, 0.0078125, 1e30], [0.0, 1.0, -1.0, 2.5]], dtype=ml_dtypes.bfloat16)
+    inp = mod.InferInput("INPUT0", list(x.shape), "BF16")
+    inp.set_data_from_numpy(x, **({"binary_data": True} if mod is httpclient else {}))
+    outs = [mod.InferRequestedOutput(n, **({"binary_data": True} if mod is httpclient else {}))
+            for n in ("OUTPUT0", "OUTPUT1")]
+    r = client.infer("onnx_bf16", [inp], outputs=outs)
+    want = x.astype(np.float32) * 2
+    o = r.get_output("OUTPUT0")
+    assert (o["datatype"] if mod is httpclient else o.datatype) == "BF16"
+    got = np.frombuffer(r.as_numpy("OUTPUT0").tobytes(), dtype=ml_dtypes.bfloat16).reshape(2, 4) \
+        if r.as_numpy("OUTPUT0").dtype != ml_dtypes.bfloat16 else r.as_numpy("OUTPUT0")
+    np.testing.assert_array_equal(got.astype(np.float32), want.astype(ml_dtypes.bfloat16).astype(np.float32))
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT1"), want)
 
 
 def _post(server, model: str, body: dict | bytes, header_length: int | None = None):

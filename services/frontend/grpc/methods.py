@@ -26,11 +26,11 @@ import grpc
 from protos import grpc_service_pb2 as pb
 from services.common.errors import REPOSITORY_NAME_UNSUPPORTED, Code, TriremeError, unsupported
 from services.dataplane.api import DataPlaneAPI
-from services.frontend import forward, stats_codec, tls
+from services.frontend import forward, stats_codec, tls, trace
 from services.frontend.grpc import codec
 from services.frontend.grpc.log_methods import LogRpcs
 from services.frontend.grpc.shm_methods import SharedMemoryRpcs
-from services.frontend.grpc.trace_methods import TraceRpcs, traced_model_infer
+from services.frontend.grpc.trace_methods import TraceRpcs, traced_model_infer, traced_stream_one
 from services.frontend.restricted import GRPC_METHOD_GROUPS, Restriction, grpc_refusal_text
 from services.frontend.settings import FrontendSettings
 
@@ -114,6 +114,7 @@ class GrpcService(SharedMemoryRpcs, LogRpcs, TraceRpcs):
         self._settings = settings
         self._forward = forward.maybe(settings.grpc_header_forward_pattern)
         self.ModelInfer = traced_model_infer(self.ModelInfer, dp)  # type: ignore[method-assign]
+        self._stream_one = traced_stream_one(self._stream_one, dp)  # type: ignore[method-assign]
 
     # -- health and metadata --------------------------------------------------------------
     async def ServerLive(self, request: pb.ServerLiveRequest, context) -> pb.ServerLiveResponse:
@@ -206,6 +207,7 @@ class GrpcService(SharedMemoryRpcs, LogRpcs, TraceRpcs):
                 try:
                     if resp.error is not None:   # not the last: the request goes on
                         out.put_nowait(codec.encode_stream_error(resp.error.message, core.id))
+                        trace.sent()
                         continue
                     if resp.empty and not want_empty:
                         continue
@@ -215,6 +217,7 @@ class GrpcService(SharedMemoryRpcs, LogRpcs, TraceRpcs):
                     if not resp.id:
                         resp.id = core.id
                     out.put_nowait(codec.encode_stream_response(resp))
+                    trace.sent()   # (a traced request's GRPC_SEND_*)
                 finally:
                     self._dp.release(resp)
         except Exception as exc:  # noqa: BLE001

@@ -21,7 +21,8 @@ from services.common.errors import TriremeError, invalid_arg
 from services.dataplane.api import DataPlaneAPI
 from services.frontend import trace
 
-__all__ = ["TraceRpcs", "settings_to_proto", "traced_model_infer", "update_from_proto"]
+__all__ = ["TraceRpcs", "settings_to_proto", "traced_model_infer", "traced_stream_one",
+           "update_from_proto"]
 
 
 def update_from_proto(request: pb.TraceSettingRequest) -> m.TraceUpdate | None:
@@ -84,6 +85,23 @@ def traced_model_infer(handler: Any, dp: DataPlaneAPI) -> Any:
             return run(request, context)
         return handler(request, context)
     return model_infer
+
+
+def traced_stream_one(handler: Any, dp: DataPlaneAPI) -> Any:
+    """The producer of one ModelStreamInfer request (methods.GrpcService._stream_one:
+    request first), tracing the requests whose model may be traced, each its own trace
+    (frontend/trace.py StreamTrace). Differs from Triton: GRPC_WAITREAD_START is when the
+    request was read (Triton: when its handler began waiting for it), and a stream's
+    requests bring no W3C trace context (mode opentelemetry samples them by rate)."""
+    if not trace.supports_tracing(dp):
+        return handler
+    run = trace.stream_runner(handler, dp)
+
+    def stream_one(request: Any, *args: Any) -> Any:
+        if dp.trace_on and dp.trace_level(request[0].model_name):
+            return run(request, *args)
+        return handler(request, *args)
+    return stream_one
 
 
 class TraceRpcs:

@@ -145,6 +145,8 @@ class Handlers:
         self._exact[TRACE_PATH] = trace.handle
         self._model_kinds["trace/setting"] = trace.handle_model
         self.infer = self._model_kinds["infer"] = trace.traced(self.infer)  # type: ignore[method-assign]
+        for kind, stream in (("generate", False), ("generate_stream", True)):
+            self._model_kinds[kind] = trace.traced_generate(self._model_kinds[kind], stream)
         restricted = settings.restricted.http
         if restricted:
             # group -> (header, value, the 403 Triton answers without them), built once

@@ -26,7 +26,7 @@ from services.common.errors import TriremeError, internal, invalid_arg
 from services.dataplane.api import DataPlaneAPI
 from services.frontend import trace
 from services.frontend.http import json_body
-from services.frontend.http.message import BodyTooLarge, Reply
+from services.frontend.http.message import BodyTooLarge, Reply, StreamReply
 from services.frontend.http.shm_routes import size_limit_text
 
 __all__ = ["TRACE_PATH", "TraceRoutes", "decode_update", "encode_settings"]
@@ -143,3 +143,40 @@ class TraceRoutes:
                 return run(request, model, version)
             return infer(request, model, version)
         return traced_infer
+
+    def traced_generate(self, generate: Any, stream: bool) -> Any:
+        """``generate(request, model, version)`` (stream: generate_stream, whose answer's
+        body is read after it returns), tracing as ``traced`` does; the trace is a
+        services/frontend/trace.py StreamTrace, written once the body has been sent."""
+        dp = self.dp
+        if not trace.supports_tracing(dp):
+            return generate
+        run = trace.runner(generate, "HTTP", dp,
+                           lambda request, model, version: trace.trace_headers(request.headers.get),
+                           trace.StreamTrace)
+
+        async def run_stream(request: Any, model: str, version: str) -> Any:
+            ctx = trace.StreamTrace("HTTP")
+            if dp.trace_mode == "opentelemetry":
+                headers = trace.trace_headers(request.headers.get)
+                if trace.valid_traceparent(headers.get("traceparent")):
+                    ctx.carrier = headers
+            token = trace.CURRENT.set(ctx)
+            try:
+                reply = await generate(request, model, version)
+            except BaseException:
+                ctx.finish()
+                raise
+            finally:
+                trace.CURRENT.reset(token)
+            if isinstance(reply, StreamReply):   # (REQUEST_END: when the final flag came)
+                reply.chunks = trace.TracedChunks(reply.chunks, ctx)
+            else:
+                ctx.finish()
+            return reply
+
+        def traced_generate(request: Any, model: str, version: str) -> Any:
+            if dp.trace_on and dp.trace_level(model):
+                return (run_stream if stream else run)(request, model, version)
+            return generate(request, model, version)
+        return traced_generate

@@ -1,19 +1,25 @@
 """ONNX Runtime backend: the only module that imports onnxruntime."""
 from __future__ import annotations
 
+import ctypes
 import logging
+import math
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
 from services.common.config import complete_io
+from services.common.datatypes import numpy_dtype
 from services.common.errors import Code, TriremeError, invalid_arg
 from services.common.repository import model_file
 from services.workers.backends.base import BackendBase
 from services.workers.backends.common import gpu_unavailable, int_value, param
 
 log = logging.getLogger(__name__)
+
+_BF16 = numpy_dtype("BF16")   # ml_dtypes.bfloat16
+_ONNX_BFLOAT16 = 16            # onnx.TensorProto.BFLOAT16 (onnx itself is not a runtime dependency)
 
 _ORT_TYPES = {
     "tensor(bool)": "BOOL", "tensor(uint8)": "UINT8", "tensor(uint16)": "UINT16",
@@ -78,6 +84,9 @@ class OnnxRuntimeBackend(BackendBase):
         self.config = complete_io(cfg, inputs, outputs, overridable=overridable) \
             if load.autocomplete else cfg
         self._string_inputs = {n for n, dt, _ in inputs if dt == "BYTES"}
+        # ORT's Python API takes and gives no bfloat16 numpy array: a model with BF16 inputs
+        # or outputs runs through OrtValues (_run_bf16), the others through run() as before.
+        self._bf16 = any(dt == "BF16" for _, dt, _ in (*inputs, *outputs))
 
     def execute(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
         for name in self._string_inputs & inputs.keys():
@@ -85,12 +94,33 @@ class OnnxRuntimeBackend(BackendBase):
             inputs[name] = np.vectorize(lambda b: b.decode("utf-8", "replace"), otypes=[object])(
                 inputs[name]) if inputs[name].size else inputs[name]
         try:
-            results = self.session.run(outputs, inputs)
+            results = self._run_bf16(outputs, inputs) if self._bf16 else \
+                self.session.run(outputs, inputs)
         except (ort.capi.onnxruntime_pybind11_state.Fail,
                 ort.capi.onnxruntime_pybind11_state.InvalidArgument,
                 ort.capi.onnxruntime_pybind11_state.RuntimeException) as e:
             raise TriremeError(Code.INTERNAL, f"onnx runtime error: {e}") from e
         return dict(zip(outputs, results))
+
+    def _run_bf16(self, outputs: list[str], inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """run() through OrtValues: a BF16 array goes in as its 16-bit words typed BFLOAT16,
+        and a BF16 result comes out as a copy of its buffer (OrtValue.numpy() has no type
+        for it), viewed as ml_dtypes.bfloat16 like every BF16 tensor here."""
+        feed = {name: ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+                    np.ascontiguousarray(arr).view(np.uint16), _ONNX_BFLOAT16)
+                if arr.dtype == _BF16 else ort.OrtValue.ortvalue_from_numpy(arr)
+                for name, arr in inputs.items()}
+        out = []
+        for value in self.session.run_with_ort_values(outputs, feed):
+            if value.data_type() == "tensor(bfloat16)":
+                shape = value.shape()
+                words = np.ctypeslib.as_array(
+                    (ctypes.c_uint16 * math.prod(shape)).from_address(value.data_ptr())) \
+                    if math.prod(shape) else np.empty(0, np.uint16)
+                out.append(words.copy().view(_BF16).reshape(shape))   # (copied: value goes)
+            else:
+                out.append(value.numpy())
+        return out
 
     def close(self) -> None:
         self.session = None

@@ -118,6 +118,15 @@ class Tensor:
 
 
 # ------------------------------------------------------------------------------ requests
+class InferenceTrace:
+    """A request's trace, as a model sees it: Triton's only method, get_context() (the
+    OpenTelemetry context; None here). Passed on to a BLS request it makes no child trace,
+    as Triton 2.51 writes none."""
+
+    def get_context(self) -> str | None:
+        return None
+
+
 class InferenceRequest:
     """A request the model receives in execute(), or one it builds for BLS (exec)."""
 
@@ -135,6 +144,10 @@ class InferenceRequest:
         self._parameters = dict(parameters or {})
         self._sender: InferenceResponseSender | None = None
         self._flag: Any = None   # the worker's cancel flag (services/workers/cancel.py)
+        self._trace = trace if trace is not None else InferenceTrace()
+
+    def trace(self) -> InferenceTrace:
+        return self._trace
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
