@@ -56,7 +56,6 @@ async def run(settings: FrontendSettings, stop: asyncio.Event | None = None) -> 
 
 def _max_input_size(value: str) -> int:
     """--http-max-input-size: an integer > 0, refused in Triton's words otherwise."""
-    import argparse
     try:
         size = int(value)
     except ValueError:
