@@ -5,10 +5,12 @@
            ─InferRequest─▶ scheduler ─▶ worker ─InferResult─▶ (result socket) ─▶ CoreResponse
 
 Model metadata is cached per model and dropped when the scheduler broadcasts a change, so
-validation costs no round trip. Input blocks are freed when the result arrives; output
-blocks go back to their worker when the adapter calls release(). A caller that goes away
-first (its task cancelled) cancels its request: the scheduler drops it from its queue, or
-tells its worker, and its inputs are freed by whichever final answer still comes.
+validation costs no round trip. Input blocks are freed when the request's final answer
+arrives, whoever waits for it; output blocks go back to their worker when the adapter calls
+release(). A caller that goes away first (its task cancelled) cancels its request: the
+scheduler drops it from its queue (answering CANCELLED), or tells its worker, and its inputs
+are freed by whichever final answer comes, also one that arrived while the caller was
+leaving.
 
 Every request gets exactly one answer (how requests leave, and what one that cannot be
 encoded is answered: outbox.py). When the connection to the scheduler breaks, every request
@@ -72,7 +74,8 @@ class DataPlane(ControlCalls, TraceCalls, Outbox):
         self._ids = itertools.count((self.pid << _ID_SHIFT) + 1)
         # req_id or ctl_id -> who waits: a Future, or a Queue for a stream's responses
         self._pending: dict[int, asyncio.Future | asyncio.Queue] = {}
-        self._abandoned: dict[int, list[Any]] = {}    # req_id -> input blocks of a gone caller
+        # req_id -> input blocks, of every request until its final answer (freed then)
+        self._inflight: dict[int, list[Any]] = {}
         self._models: dict[str, m.ModelInfo] = {}
         self._configs: dict[str, dict] = {}
         self._info_waiters: dict[str, asyncio.Task] = {}   # model -> its one fetch
@@ -135,6 +138,9 @@ class DataPlane(ControlCalls, TraceCalls, Outbox):
         are dropped with them."""
         pending, self._pending = self._pending, {}
         self._outbox = []
+        inflight, self._inflight = self._inflight, {}
+        for blocks in inflight.values():   # no answer is coming for any of them
+            self._free_inputs(blocks)
         for req_id, waiter in pending.items():
             if isinstance(waiter, asyncio.Queue):
                 waiter.put_nowait((m.InferResult(req_id, error=m.ErrorRecord(
@@ -163,9 +169,6 @@ class DataPlane(ControlCalls, TraceCalls, Outbox):
                 for msg, _ in held[1].values():
                     self._release_refs(msg.outputs)
             self._streams.clear()
-            abandoned, self._abandoned = self._abandoned, {}
-            for blocks in abandoned.values():
-                self._free_inputs(blocks)
             self._segments.close()
         elif self._scheduler_lost:
             if self._reached.is_set():
@@ -184,7 +187,7 @@ class DataPlane(ControlCalls, TraceCalls, Outbox):
             for r in (msg,) if isinstance(msg, m.InferResult) else msg.results:
                 if not r.stream:
                     self._deliver(r, frames)
-                elif r.req_id in self._pending or r.req_id in self._abandoned:
+                elif r.req_id in self._inflight:
                     self._deliver_in_order(r, frames)
                 else:   # not ours (an earlier process's, or answered already): no order slot
                     self._drop(r, frames)
@@ -211,6 +214,10 @@ class DataPlane(ControlCalls, TraceCalls, Outbox):
                 self._configs.clear()
 
     def _deliver(self, msg: m.InferResult, frames: list[Any]) -> None:
+        if msg.final:   # the worker is done with the inputs (a result) or never had them
+            blocks = self._inflight.pop(msg.req_id, None)
+            if blocks:
+                self._free_inputs(blocks)
         waiter = self._pending.get(msg.req_id)
         if type(waiter) is asyncio.Queue:   # a stream: every response until the final one
             if msg.final:
@@ -227,9 +234,7 @@ class DataPlane(ControlCalls, TraceCalls, Outbox):
         self._drop(msg, frames)
 
     def _drop(self, msg: m.InferResult, frames: list[Any]) -> None:
-        """Nobody waits (the caller went away): hand back its blocks now."""
-        if msg.final:
-            self._free_inputs(self._abandoned.pop(msg.req_id, []))
+        """Nobody waits (the caller went away): hand back its output blocks now."""
         if msg.outputs:
             self._release_refs(msg.outputs)
 
@@ -335,23 +340,22 @@ class DataPlane(ControlCalls, TraceCalls, Outbox):
             raise TriremeError(Code.UNSUPPORTED, f"{endpoint} doesn't support models with "
                                                  "decoupled transaction policy")
         fut = asyncio.get_running_loop().create_future()
-        req_id, blocks = self._send_request(req, info, version, fut)
+        req_id = self._send_request(req, info, version, fut)
         try:
             result, rframes = await fut
         except asyncio.CancelledError:
             if not fut.done() or fut.cancelled():
                 # The caller went away first. A worker may still be reading our input blocks:
                 # they are freed (and any outputs handed back) when the request's final
-                # answer arrives: its result, or the scheduler's CANCELLED.
-                self._abandoned[req_id] = blocks
-                blocks = []
-                self._cancel(req_id, req.model, version)
+                # answer arrives (its result, or the scheduler's CANCELLED), or were freed
+                # by one that arrived while this task was being cancelled.
+                if req_id in self._inflight:
+                    self._cancel(req_id, req.model, version)
             elif fut.exception() is None:   # the result won the race: hand its outputs back
                 self._release_refs(fut.result()[0].outputs)
             raise
         finally:
             self._pending.pop(req_id, None)
-            self._free_inputs(blocks)
             # A future failed with an error refers to it, the error to its traceback, the
             # traceback to this frame and its callers' (the request, its body): held here,
             # that cycle waits for the cyclic GC, which an idle frontend hardly runs
@@ -370,7 +374,7 @@ class DataPlane(ControlCalls, TraceCalls, Outbox):
         queue: asyncio.Queue = asyncio.Queue()
         try:
             info, version = await self._ready_info(req.model, req.version)
-            req_id, blocks = self._send_request(req, info, version, queue)
+            req_id = self._send_request(req, info, version, queue)
         finally:
             if on_sent is not None:
                 on_sent()
@@ -394,16 +398,16 @@ class DataPlane(ControlCalls, TraceCalls, Outbox):
                 result, _ = queue.get_nowait()
                 final = result.final
                 self._release_refs(result.outputs)
-            if final:
-                self._free_inputs(blocks)
-            else:   # abandoned mid-stream: cancel it; the rest is dropped as it arrives
-                self._abandoned[req_id] = blocks
+            if not final and req_id in self._inflight:
+                # abandoned mid-stream: cancel it; the rest is dropped as it arrives, and
+                # its final answer frees the inputs
                 self._cancel(req_id, req.model, version)
 
     def _send_request(self, req: CoreRequest, info: m.ModelInfo, version: int,
-                      waiter: asyncio.Future | asyncio.Queue) -> tuple[int, list[Any]]:
+                      waiter: asyncio.Future | asyncio.Queue) -> int:
         """Validate, place the input bytes (shared memory or frames) and queue the request;
-        the result(s) reach ``waiter``. Returns the request id and the input blocks."""
+        the result(s) reach ``waiter``, and the final one frees the input blocks. Returns
+        the request id."""
         if self._scheduler_lost:
             raise TriremeError(Code.UNAVAILABLE, SCHEDULER_DOWN_TEXT)
         batch_size = validate_infer(info, req)
@@ -442,11 +446,12 @@ class DataPlane(ControlCalls, TraceCalls, Outbox):
                 if "shared_memory_region" in o.parameters:
                     regions[o.name] = _output_region(o.parameters)
         self._pending[req_id] = waiter
+        self._inflight[req_id] = blocks
         # trace: 1 when its adapter traces it, should the scheduler sample it (TraceCalls)
         trace = self._trace_begin(req, version) if self.trace_on else 0
         self._submit(m.InferRequest(req_id, self.result_addr, req.model, version, refs, outputs,
                                     req.parameters, batch_size, req.id, regions, trace), frames)
-        return req_id, blocks
+        return req_id
 
     def _response(self, req: CoreRequest, version: int, result: m.InferResult,
                   rframes: list[Any], info: m.ModelInfo | None = None) -> CoreResponse:

@@ -232,9 +232,17 @@ class _Call:
         return out
 
     def _start(self, coro: Any) -> None:
-        self.task = asyncio.ensure_future(coro)
-        self.server.calls.add(self.task)
-        self.task.add_done_callback(self.server.calls.discard)
+        self.task = task = asyncio.ensure_future(coro)
+        self.server.calls.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task) -> None:
+        # A cancelled task keeps its CancelledError, whose traceback holds _run's frame and
+        # so this call: with self.task still set, that cycle (and the request it holds) would
+        # wait for the cyclic GC, which an idle frontend hardly runs (procutil.GC_THRESHOLDS).
+        self.task = None
+        self.failed = True            # the call is over: later frames are ignored
+        self.server.calls.discard(task)
 
     def _fail(self, code: int, details: str, stop_sending: bool = False) -> None:
         """End the call now, before or instead of its handler; later frames are ignored.

@@ -121,3 +121,37 @@ def test_cancel_round_trips_through_the_wire_encoding():
     assert m.decode(m.encode(msg)) == (msg, [])
     assert m.decode(m.encode(msg), for_worker=True) == (msg, [])
     assert m.encode(msg)[0] == bytes([m.Kind.CANCEL])
+
+
+def test_a_result_that_arrives_while_its_caller_is_cancelled_frees_the_inputs(tmp_path):
+    """The caller's task is cancelled (its future with it) and, before the task runs again,
+    the request's result arrives: nobody waits for it, and the caller has not yet said it
+    left. The inputs are freed all the same, and no Cancel goes for an answered request."""
+    async def run():
+        sched = FakeScheduler(f"unix://{tmp_path}/s.sock")
+        await sched.start()
+        dp = DataPlane(FrontendSettings(f"unix://{tmp_path}/s.sock", f"unix://{tmp_path}/r.sock",
+                                        inline_threshold=0))
+        await dp.start()
+        try:
+            arena = dp._arena
+            assert arena is not None
+            call = asyncio.ensure_future(dp.infer(_request()))
+            req = await sched.next(m.InferRequest)
+            assert req.inputs[0].segment and arena.used_bytes
+            call.cancel()                               # the client's deadline
+            dp._on_result(b"", m.encode(m.InferResult(req.req_id, 1)))   # same turn
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            assert arena.used_bytes == 0
+            # the next Cancel to leave names only a later request: none went for this one
+            later = asyncio.ensure_future(dp.infer(_request()))
+            second = await sched.next(m.InferRequest)
+            later.cancel()
+            cancel = await sched.next(m.Cancel)
+            assert cancel.req_ids == [second.req_id]
+        finally:
+            dp.close()
+            sched.listener.close()
+
+    asyncio.run(run())

@@ -125,7 +125,7 @@ def test_a_stream_request_that_cannot_be_encoded_gets_its_final_error(tmp_path):
             with pytest.raises(TriremeError) as e:
                 await stream.__anext__()
             assert e.value.code == Code.INVALID_ARG
-            assert not dp._pending and not dp._abandoned
+            assert not dp._pending and not dp._inflight
 
     asyncio.run(run())
 

@@ -441,6 +441,7 @@ class FakeDataPlane:
         self.released = 0
         self.gate = asyncio.Event()            # opens the 'slow' model
         self.slow_cancelled = asyncio.Event()
+        self.slow_entered = asyncio.Event()    # a 'slow' request is waiting for the gate
         self.fast_seen = 0
         self.fast_done = asyncio.Event()       # set once 3 other requests were handled
         self.calls: list[tuple] = []
@@ -475,6 +476,7 @@ class FakeDataPlane:
 
     async def infer(self, req, endpoint: str = ""):
         if req.model == "slow":
+            self.slow_entered.set()
             try:
                 await self.gate.wait()
             except asyncio.CancelledError:

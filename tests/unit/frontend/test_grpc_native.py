@@ -8,6 +8,7 @@ the service over a fake data plane (no scheduler, no workers).
 from __future__ import annotations
 
 import asyncio
+import gc
 import zlib
 
 import grpc
@@ -17,6 +18,7 @@ from hpack import Decoder
 
 from protos import grpc_service_pb2 as pb
 from services.common.errors import Code, TriremeError
+from services.frontend.grpc import native
 from services.frontend.grpc.h2_frames import PREFACE, encode_literal_headers, frame_header
 from services.frontend.grpc.methods import start_grpc
 from services.frontend.settings import FrontendSettings
@@ -293,6 +295,40 @@ def test_deadline_cancels_the_call():
             while server.calls:                   # its done-callbacks run on the next turn
                 await asyncio.sleep(0)
     run(body)
+
+
+def test_a_cancelled_call_leaves_no_reference_cycle():
+    """A call ended by its client (deadline, cancel), unary or streaming, is freed when it
+    ends, without the cyclic GC: an idle frontend hardly runs it (procutil.GC_THRESHOLDS),
+    and each call that waited for it held its request's body (2 MiB a call, unbounded)."""
+    async def body(server, dp):
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.trireme_port}") as ch:
+            infer = ch.unary_unary(INFER, request_serializer=pb.ModelInferRequest.SerializeToString,
+                                   response_deserializer=pb.ModelInferResponse.FromString)
+            stream = ch.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer",
+                                      request_serializer=pb.ModelInferRequest.SerializeToString,
+                                      response_deserializer=pb.ModelStreamInferResponse.FromString)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await infer(echo_request("slow", "late"), timeout=0.2)
+            assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            await dp.slow_cancelled.wait()
+            dp.slow_cancelled.clear()
+            call = stream()
+            await call.write(echo_request("slow", "late"))
+            await dp.slow_entered.wait()
+            call.cancel()
+            await dp.slow_cancelled.wait()
+            while server.calls:                   # its done-callbacks run on the next turn
+                await asyncio.sleep(0)
+            await asyncio.sleep(0)
+        assert [o for o in gc.get_objects() if type(o) is native._Call] == []
+
+    gc.collect()
+    gc.disable()
+    try:
+        run(body)
+    finally:
+        gc.enable()
 
 
 def test_graceful_stop_finishes_open_calls_and_refuses_new_connections():
