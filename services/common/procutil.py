@@ -1,4 +1,5 @@
-"""Process-level helpers: titles that name the role, and dying with the parent."""
+"""Process-level helpers: titles that name the role, dying with the parent, the collector's
+and the C heap's tuning."""
 from __future__ import annotations
 
 import ctypes
@@ -6,6 +7,7 @@ import gc
 import os
 import signal
 from types import ModuleType
+from typing import Any
 
 _spt: ModuleType | None
 try:
@@ -29,6 +31,24 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
+
+
+_malloc_trim: Any = None   # libc's malloc_trim once looked up; False where there is none
+
+
+def malloc_trim() -> bool:
+    """Hand the C heap's free pages back to the system: glibc keeps memory that big
+    request bodies freed, counted in RSS, until told. A no-op (False) where libc has no
+    malloc_trim (musl). Whether anything was given back."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            fn = ctypes.CDLL(None).malloc_trim
+            fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+            _malloc_trim = fn
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    return bool(_malloc_trim and _malloc_trim(0))
 
 
 def set_title(title: str) -> None:

@@ -21,11 +21,12 @@ import mmap
 import os
 import re
 import threading
+import time
 import weakref
 from typing import NamedTuple
 
 from services.common.errors import internal
-from services.common.procutil import pid_alive
+from services.common.procutil import malloc_trim, pid_alive
 
 # Where POSIX shared memory lives. Overridable for hosts that mount it elsewhere, and so
 # tests can make it unusable to check the inline fallback.
@@ -42,6 +43,17 @@ _counter = itertools.count()  # per process, so two arenas of one role never col
 # memory: the crossover measured by benchmarks/inline_threshold.py (figures in
 # docs/benchmarks.md, "Figures behind design choices").
 DEFAULT_INLINE_THRESHOLD = 128 * 1024
+
+# A segment beyond an arena's first that has held no block this long is given back. Long
+# enough that bursts a few seconds apart reuse their segments instead of paying a 64 MiB
+# fallocate (and its page zeroing) each time; short enough that a burst's peak is gone
+# soon after it. Steady traffic never waits on this: the first segment is always kept.
+IDLE_S = 10.0
+# How often a process tidies its shared memory (Housekeeper): a mapping of another
+# process's segment that nobody read goes within two periods, an idle segment of its own
+# within IDLE_S plus one. Each tick costs a few dict walks and, after traffic, one
+# malloc_trim.
+HOUSEKEEPING_S = 5.0
 
 
 class ShmUnavailable(Exception):
@@ -74,6 +86,7 @@ class _Segment:
         self.free_offs: list[int] = [0]
         self.free_sizes: list[int] = [size]
         self.used: dict[int, int] = {}  # offset -> aligned size
+        self.idle_since: float | None = None  # monotonic time its last block was freed
 
     def alloc(self, size: int) -> int | None:
         for i, avail in enumerate(self.free_sizes):
@@ -157,17 +170,21 @@ def _release(segments: dict[str, _Segment], owner_pid: int) -> None:
 class Arena:
     """Shared memory owned by this process, handed out as 64-byte-aligned blocks.
 
-    Segments are created lazily (the first on the first alloc) up to max_bytes in total.
-    Thread-safe. close() unmaps and unlinks everything; it also runs at interpreter exit.
+    Segments are created lazily (the first on the first alloc) up to max_bytes in total,
+    and filled first-fit in creation order, so load settles on the oldest and the ones a
+    burst added fall idle: trim() gives back each that held no block for ``idle_s``, all
+    but the first. Thread-safe. close() unmaps and unlinks everything; it also runs at
+    interpreter exit.
     """
 
-    def __init__(self, role: str, segment_size: int = 64 << 20, max_bytes: int = 1 << 30
-                 ) -> None:
+    def __init__(self, role: str, segment_size: int = 64 << 20, max_bytes: int = 1 << 30,
+                 idle_s: float = IDLE_S) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_.]+", role):
             raise ValueError(f"arena role must be alphanumeric, got {role!r}")
         self.role = role
         self.segment_size = _round_up(max(segment_size, _PAGE), _PAGE)
         self.max_bytes = max_bytes
+        self.idle_s = idle_s
         self._pid = os.getpid()
         self._segs: dict[str, _Segment] = {}
         self._mapped = 0
@@ -204,6 +221,7 @@ class Arena:
                 seg = self._grow(size)
                 off = seg.alloc(size)
                 assert off is not None
+            seg.idle_since = None
             self._used += size
         return Block(seg.name, off, nbytes, seg.whole[off:off + nbytes])
 
@@ -220,6 +238,31 @@ class Arena:
                 raise KeyError(f"no live block at {segment}+{offset} (double free?)")
             seg.free(offset)
             self._used -= size
+            if not seg.used:
+                seg.idle_since = time.monotonic()
+
+    def trim(self, now: float | None = None) -> list[str]:
+        """Unmap and unlink every segment but the first that has held no block for
+        ``idle_s`` seconds (``now``: a time.monotonic() reading). Returns their names. A
+        view of a freed block still held keeps its mapping until it is collected; a
+        consumer's mapping keeps the pages until it unmaps (SegmentMap.sweep)."""
+        if now is None:
+            now = time.monotonic()
+        with self._lock:
+            if self._closed or len(self._segs) < 2:
+                return []
+            base = next(iter(self._segs))   # dicts keep creation order; it is never removed
+            idle = [seg for seg in self._segs.values()
+                    if seg.idle_since is not None and now - seg.idle_since >= self.idle_s
+                    and seg.name != base]
+            for seg in idle:
+                del self._segs[seg.name]
+                self._mapped -= seg.size
+        for seg in idle:   # no block of theirs is live: nobody else can reach them now
+            seg.unmap()
+            if os.getpid() == self._pid:   # (as _release: never a parent's memory)
+                _unlink(seg.name)
+        return [seg.name for seg in idle]
 
     def close(self) -> None:
         """Unmap and unlink every segment. Idempotent."""
@@ -256,22 +299,41 @@ class Arena:
 
 
 class SegmentMap:
-    """Other processes' segments, mapped by name on first use and cached."""
+    """Other processes' segments, mapped by name on first use and cached until a sweep()
+    finds them unused: an owner's idle segment, unlinked by its trim(), keeps its pages for
+    as long as anyone maps it."""
 
     def __init__(self, writable: bool = False) -> None:
         self._writable = writable
         self._maps: dict[str, tuple[mmap.mmap, memoryview]] = {}
+        self._touched: set[str] = set()   # viewed since the last sweep
         self._lock = threading.Lock()
 
     def view(self, segment: str, offset: int, nbytes: int) -> memoryview:
         entry = self._maps.get(segment)
         if entry is None:
             entry = self._attach(segment)
+        self._touched.add(segment)
         whole = entry[1]
         if offset < 0 or nbytes < 0 or offset + nbytes > len(whole):
             raise internal(f"block {segment}+{offset}:{nbytes} lies outside the "
                            f"{len(whole)}-byte segment")
         return whole[offset:offset + nbytes]
+
+    def sweep(self) -> list[str]:
+        """Drop every mapping not viewed since the previous sweep; returns their names.
+        One still in use is mapped again by its next view() (segment names are never
+        reused). Safe against a view() on another thread: the mappings are not closed
+        here, only dropped, so a view() that already holds one finishes with it, and each
+        is unmapped when its last view (or that caller) lets go of it: at once, mostly."""
+        with self._lock:
+            touched, self._touched = self._touched, set()
+            gone = {name: entry for name, entry in self._maps.items() if name not in touched}
+            for name in gone:
+                del self._maps[name]
+        names = list(gone)
+        del gone   # the last references: their mmaps close now unless a view holds one
+        return names
 
     def forget(self, segment: str) -> None:
         """Drop a mapping (its owner freed or died); views already handed out stay valid."""
@@ -320,6 +382,33 @@ class SegmentMap:
             entry = (mm, memoryview(mm))
             self._maps[segment] = entry
             return entry
+
+
+class Housekeeper:
+    """A process's tidying, one tick every HOUSEKEEPING_S: its idle segments go
+    (arena.trim), mappings of others' segments nobody read since the last tick go
+    (segments.sweep), and once traffic stops (``busy``, set by the process on each request
+    or batch, was not set this tick but was before) or after a release, the C heap hands
+    its free pages back (malloc_trim: glibc keeps what big request bodies freed). Not under
+    steady traffic: the pages it gives back would be faulted in again at once."""
+    __slots__ = ("arena", "busy", "segments", "_dirty")
+
+    def __init__(self, arena: Arena | None, segments: SegmentMap) -> None:
+        self.arena, self.segments = arena, segments
+        self.busy = False
+        self._dirty = False              # traffic since the heap was last trimmed
+
+    def tick(self, now: float | None = None) -> bool:
+        """One tick; whether anything was released."""
+        busy, self.busy = self.busy, False   # (a flag lost to a race: one tick later)
+        released = bool(self.arena.trim(now)) if self.arena is not None else False
+        released = bool(self.segments.sweep()) or released
+        if busy:
+            self._dirty = True
+        elif released or self._dirty:
+            malloc_trim()
+            self._dirty = False
+        return released
 
 
 def unmap(entry: tuple[mmap.mmap, memoryview]) -> None:

@@ -34,7 +34,15 @@ from typing import Any
 from services.common import logsettings, transport
 from services.common import messages as m
 from services.common.errors import Code, TriremeError, invalid_arg
-from services.common.shm import SHM_DIR, Arena, SegmentMap, ShmUnavailable, by_owner
+from services.common.shm import (
+    HOUSEKEEPING_S,
+    SHM_DIR,
+    Arena,
+    Housekeeper,
+    SegmentMap,
+    ShmUnavailable,
+    by_owner,
+)
 from services.common.shm import domain as shm_domain
 from services.common.states import ModelState
 from services.dataplane.classification import classify
@@ -101,6 +109,8 @@ class DataPlane(ControlCalls, TraceCalls, Outbox):
                         SHM_DIR)
             self._shm_ok = False
         self._segments = SegmentMap()
+        self._housekeeper = Housekeeper(self._arena, self._segments)
+        self._tick: asyncio.TimerHandle | None = None
         self.result_addr = settings.result_addr
 
     # ------------------------------------------------------------------ lifecycle
@@ -117,11 +127,27 @@ class DataPlane(ControlCalls, TraceCalls, Outbox):
         except TimeoutError:
             log.warning("the scheduler at %s is not reachable yet: requests fail until it is",
                         self.settings.scheduler_addr)
+        self._tick = asyncio.get_running_loop().call_later(HOUSEKEEPING_S, self._on_tick)
+
+    def _on_tick(self) -> None:
+        try:
+            self.housekeep()
+        except Exception:   # a failed tick must not end the ticking
+            log.exception("shared-memory housekeeping failed")
+        self._tick = asyncio.get_running_loop().call_later(HOUSEKEEPING_S, self._on_tick)
+
+    def housekeep(self, now: float | None = None) -> bool:
+        """Give back what a burst left: idle input segments, mappings of workers' segments
+        no response reads any more, the C heap's free pages (shm.Housekeeper). Nothing an
+        in-flight request uses: its blocks are live, and a view keeps its mapping."""
+        return self._housekeeper.tick(now)
 
     def _hello(self) -> m.FrontendHello:
         return m.FrontendHello(self.pid, self._domain, self.result_addr)
 
     def close(self) -> None:
+        if self._tick is not None:
+            self._tick.cancel()
         self._fail_waiting("server is shutting down")
         self._sched.close()
         self._results.close()
@@ -411,6 +437,7 @@ class DataPlane(ControlCalls, TraceCalls, Outbox):
         if self._scheduler_lost:
             raise TriremeError(Code.UNAVAILABLE, SCHEDULER_DOWN_TEXT)
         batch_size = validate_infer(info, req)
+        self._housekeeper.busy = True
         refs: list[m.TensorRef] = []
         frames: list[Any] = []
         blocks: list[Any] = []

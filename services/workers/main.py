@@ -10,6 +10,8 @@ call holds the thread anyway. Inputs are read in place (ZeroMQ frames or the fro
 shared memory); outputs above the inline threshold go into this worker's own arena and
 are freed when the consumer sends them back (ReleaseOutputs, via the scheduler). The
 result connections, their retries and the lent blocks are results.py's (ResultSender).
+A thread of its own tidies shared memory every shm.HOUSEKEEPING_S (shm.Housekeeper): the loop
+blocks on its socket, and the arena and segment map are safe to tidy from another thread.
 """
 from __future__ import annotations
 
@@ -60,8 +62,10 @@ class Worker(ResultSender):
         self.lent: dict[tuple[str, int], str] = {}
         self.orphans: dict[tuple[str, int], float] = {}
         self.segments = SegmentMap()
+        self._housekeeping = threading.Event()   # set: the housekeeping thread stops
         self.regions = RegionMap()   # client shared memory (read in place, outputs written there)
         self.arena = Arena("out") if use_shm else None
+        self.housekeeper = shm.Housekeeper(self.arena, self.segments)
         self.shm_ok = self.arena is not None
         self.domain = shm.domain() if self.arena is not None else ""
         if self.arena is not None and not self.domain:
@@ -94,6 +98,7 @@ class Worker(ResultSender):
     def run(self) -> None:
         # 1. announce ourselves; 2. serve messages until Shutdown or a signal.
         self.sock.send(m.encode(m.WorkerReady(self.worker_id, os.getpid(), self.domain)))
+        self.start_housekeeping()
         while self.running:
             try:
                 parts = self.sock.recv()
@@ -102,6 +107,7 @@ class Worker(ResultSender):
                 return
             msg, frames = m.decode(parts, for_worker=True)
             if isinstance(msg, m.ExecuteBatch):
+                self.housekeeper.busy = True
                 self.execute(msg, frames)
             elif isinstance(msg, m.ReleaseOutputs):
                 self.release(msg.blocks)
@@ -116,7 +122,26 @@ class Worker(ResultSender):
             elif isinstance(msg, m.Shutdown):
                 self.running = False
 
+    def start_housekeeping(self, period: float = shm.HOUSEKEEPING_S) -> threading.Thread:
+        def tick() -> None:
+            while not self._housekeeping.wait(period):
+                try:
+                    self.housekeep()
+                except Exception:   # a failed tick must not end the ticking
+                    log.exception("shared-memory housekeeping failed")
+
+        t = threading.Thread(target=tick, name="trireme-housekeeping", daemon=True)
+        t.start()
+        return t
+
+    def housekeep(self, now: float | None = None) -> bool:
+        """Give back what a burst left: idle output segments (none holds a block a
+        consumer still reads), mappings of frontends' input segments no batch read since
+        the last tick, the C heap's free pages (shm.Housekeeper)."""
+        return self.housekeeper.tick(now)
+
     def close(self) -> None:
+        self._housekeeping.set()
         if self.backend is not None:
             try:
                 self.backend.close()

@@ -4,7 +4,10 @@ import random
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -229,3 +232,187 @@ def test_unlink_segments_of_pid():
 def test_shm_available():
     assert shm.shm_available(1)
     assert not shm.shm_available(1 << 62)
+
+
+# ---------------------------------------------------------------- idle segments, sweeps
+def mapped_in_process(name: str) -> int:
+    """How many mappings of segment ``name`` this process holds (unlinked ones too)."""
+    with open("/proc/self/maps") as f:
+        return sum(1 for line in f
+                   if line.rstrip().removesuffix(" (deleted)").endswith(f"/{name}"))
+
+
+class Ref(NamedTuple):
+    """A block without its view (a view held keeps its segment mapped)."""
+    segment: str
+    offset: int
+
+
+def full_segments(a: Arena, n: int) -> list[Ref]:
+    """One block filling each of ``n`` segments (64 KiB each): segment i holds block i."""
+    blocks = [Ref(*a.alloc(64 * KIB)[:2]) for _ in range(n)]
+    assert [b.segment for b in blocks] == a.segments
+    return blocks
+
+
+def free(a: Arena, *blocks: Ref | shm.Block) -> None:
+    for b in blocks:
+        a.free(b.segment, b.offset)
+
+
+def test_trim_releases_idle_segments_but_the_first(arena):
+    blocks = full_segments(arena, 3)
+    free(arena, *blocks)
+    t = time.monotonic()
+    assert arena.trim(t) == []                      # not idle long enough yet
+    assert len(arena.segments) == 3
+    released = arena.trim(t + arena.idle_s + 1)
+    assert released == [blocks[1].segment, blocks[2].segment]
+    assert arena.segments == [blocks[0].segment]    # the base stays, idle or not
+    assert my_segments() == [blocks[0].segment]     # the others' files are gone
+    assert arena.mapped_bytes == 64 * KIB and arena.used_bytes == 0
+    assert mapped_in_process(blocks[1].segment) == 0
+    assert arena.trim(t + 10 * arena.idle_s) == []
+
+
+def test_trim_keeps_segments_with_a_live_block(arena):
+    blocks = full_segments(arena, 2)
+    small = arena.alloc(KIB)                        # a third segment, kept busy
+    free(arena, blocks[1])
+    assert arena.trim(time.monotonic() + arena.idle_s + 1) == [blocks[1].segment]
+    assert arena.segments == [blocks[0].segment, small.segment]
+    small.view[:] = b"x" * KIB                      # still mapped and writable
+    free(arena, blocks[0], small)
+
+
+def test_trim_keeps_a_segment_used_again(arena):
+    blocks = full_segments(arena, 2)
+    free(arena, blocks[1])
+    again = arena.alloc(64 * KIB)                   # reuses the freed segment
+    assert again.segment == blocks[1].segment
+    assert arena.trim(time.monotonic() + arena.idle_s + 1) == []
+    free(arena, again)                              # idle from now, not from the first free
+    t = time.monotonic()
+    assert arena.trim(t + arena.idle_s / 2) == []
+    assert arena.trim(t + arena.idle_s + 1) == [blocks[1].segment]
+    free(arena, blocks[0])
+
+
+def test_allocation_after_trim_fills_older_segments_first(arena):
+    blocks = full_segments(arena, 3)
+    free(arena, *blocks)
+    arena.trim(time.monotonic() + arena.idle_s + 1)
+    again = [arena.alloc(64 * KIB) for _ in range(2)]
+    assert again[0].segment == blocks[0].segment
+    assert again[1].segment not in (b.segment for b in blocks)   # a new name, never reused
+    assert arena.mapped_bytes == 128 * KIB
+    free(arena, *again)
+
+
+def test_trim_tolerates_a_view_still_held(arena):
+    base = arena.alloc(64 * KIB)
+    block = arena.alloc(64 * KIB)
+    block.view[:4] = b"kept"
+    held, name = block.view, block.segment
+    free(arena, base, block)
+    del block
+    assert arena.trim(time.monotonic() + arena.idle_s + 1) == [name]
+    assert not os.path.exists(f"{shm.SHM_DIR}/{name}")
+    assert bytes(held[:4]) == b"kept"               # unlinked, but its pages live on
+    assert mapped_in_process(name) == 1
+    del held                                        # ... until the view goes
+    assert mapped_in_process(name) == 0
+
+
+def test_sweep_unmaps_untouched_and_maps_again_on_view(arena):
+    b = arena.alloc(8)
+    b.view[:] = b"abcdefgh"
+    m = SegmentMap()
+    assert bytes(m.view(b.segment, b.offset, 8)) == b"abcdefgh"
+    assert mapped_in_process(b.segment) == 2        # the arena's and the map's
+    assert m.sweep() == []                          # viewed since the last sweep
+    assert b.segment in m
+    assert m.sweep() == [b.segment]                 # not since
+    assert b.segment not in m and mapped_in_process(b.segment) == 1
+    b.view[:1] = b"z"
+    assert bytes(m.view(b.segment, b.offset, 8)) == b"zbcdefgh"   # mapped again
+    assert b.segment in m
+    m.close()
+
+
+def test_views_handed_out_before_a_sweep_stay_readable(arena):
+    b = arena.alloc(8)
+    b.view[:] = b"abcdefgh"
+    m = SegmentMap()
+    v = m.view(b.segment, b.offset, 8)
+    m.sweep()
+    assert m.sweep() == [b.segment]
+    assert bytes(v) == b"abcdefgh"                  # the view keeps its mapping alive
+    assert mapped_in_process(b.segment) == 2
+    del v                                           # ... until it goes
+    assert mapped_in_process(b.segment) == 1
+    m.close()
+
+
+def test_sweep_after_owner_trimmed_frees_the_pages(arena):
+    blocks = full_segments(arena, 2)
+    m = SegmentMap()
+    bytes(m.view(blocks[1].segment, 0, 16))
+    free(arena, *blocks)
+    arena.trim(time.monotonic() + arena.idle_s + 1)
+    assert mapped_in_process(blocks[1].segment) == 1   # unlinked; the consumer maps it
+    m.sweep()
+    m.sweep()
+    assert mapped_in_process(blocks[1].segment) == 0
+    m.close()
+
+
+def test_sweep_is_safe_against_views_on_another_thread(arena):
+    b = arena.alloc(64)
+    b.view[:] = bytes(range(64))
+    m = SegmentMap()
+    stop = threading.Event()
+    errors: list[Exception] = []
+
+    def read() -> None:
+        try:
+            while not stop.is_set():
+                assert bytes(m.view(b.segment, b.offset, 64)) == bytes(range(64))
+        except Exception as e:  # noqa: BLE001 - any failure of a view is the finding
+            errors.append(e)
+
+    t = threading.Thread(target=read)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)                 # threads take turns as often as they can
+    t.start()
+    try:
+        for _ in range(5000):
+            m.sweep()
+    finally:
+        stop.set()
+        t.join()
+        sys.setswitchinterval(interval)
+    assert errors == []
+    m.close()
+
+
+def test_housekeep_trims_sweeps_and_says_so(arena, monkeypatch):
+    trims: list[int] = []
+    monkeypatch.setattr(shm, "malloc_trim", lambda: trims.append(1) or True)
+    blocks = full_segments(arena, 2)
+    m = SegmentMap()
+    m.view(blocks[0].segment, 0, 1)
+    free(arena, *blocks)
+    now = time.monotonic() + arena.idle_s + 1
+    keeper = shm.Housekeeper(arena, m)
+    assert not keeper.tick(now=now - arena.idle_s - 1)
+    assert trims == []                              # nothing released, no traffic
+    assert keeper.tick(now=now)
+    assert arena.segments == [blocks[0].segment] and blocks[0].segment not in m
+    assert trims == [1]
+    keeper = shm.Housekeeper(None, m)
+    keeper.busy = True
+    assert not keeper.tick() and trims == [1]       # under traffic: not yet
+    assert not keeper.tick() and trims == [1, 1]    # traffic stopped: the heap is trimmed
+    assert not keeper.tick() and trims == [1, 1]    # ... once
+    m.close()
