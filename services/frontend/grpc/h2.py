@@ -30,6 +30,7 @@ state, sending within flow control, closing) and TlsH2Connection.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any, cast
@@ -67,7 +68,8 @@ class H2Connection(H2Receiver):
     # receiving side's in grpc/h2_receive.py, the guards' in grpc/h2_guards.py.
     __slots__ = (
         "_blocked", "_closed", "_failed", "_flush_scheduled", "_limits", "_loop", "_on_close",
-        "_open_stream", "_out", "_streams", "_transport", "_write_closed", "idle",
+        "_backlog", "_open_stream", "_out", "_queued", "_streams", "_transport", "_waiters",
+        "_write_closed", "idle",
     )
 
     def __init__(self, open_stream: Callable[[H2Connection, int, list], Any],
@@ -82,6 +84,9 @@ class H2Connection(H2Receiver):
         self._out: list[Any] = []
         self._flush_scheduled = False
         self._blocked: set[int] = set()       # streams waiting for window credit
+        self._queued = 0                      # DATA bytes of all streams waiting for credit
+        self._backlog = 0                     # request bytes received, not yet taken (hold())
+        self._waiters: list[Callable[[], None]] = []   # called once when _queued falls
         self._failed = False                  # closed for an error: read nothing more
         self._write_closed = False            # ... and write nothing more (lingering close)
         self._closed = False
@@ -119,10 +124,13 @@ class H2Connection(H2Receiver):
         """Every open stream is over: its call is cancelled."""
         streams, self._streams = self._streams, {}
         self._blocked.clear()
+        self._queued = 0
         for st in streams.values():
+            st.pending.clear()
             if st.app is not None:
                 st.app.reset()
         self.idle.set()
+        self._wake()
 
     # -- sending ----------------------------------------------------------------------------
     def send_headers(self, sid: int, block: bytes, end_stream: bool = False) -> None:
@@ -147,7 +155,10 @@ class H2Connection(H2Receiver):
         if st is None or st.closed_local:
             return
         self._wrote = True
-        st.pending.append(("d", memoryview(data).cast("B"), end_stream))
+        view = memoryview(data).cast("B")
+        st.pending.append(("d", view, end_stream))
+        st.queued += len(view)
+        self._queued += len(view)
         if end_stream:
             st.closed_local = True
         self._drain(sid)
@@ -162,7 +173,69 @@ class H2Connection(H2Receiver):
         self._blocked.discard(sid)
         self._emit_reset(sid, code)
         if st is not None:
+            self._dropped(st)
             self._maybe_close()
+
+    # -- answers waiting for the client (backpressure) ---------------------------------------
+    def writable(self, sid: int) -> bool:
+        """Whether stream ``sid`` may take a new request: its answers, and the connection's,
+        waiting for the client's credit are below their bounds (GrpcLimits)."""
+        if self._queued >= self._limits.max_pending_connection_bytes:
+            return False
+        st = self._streams.get(sid)
+        return st is None or st.queued < self._limits.max_pending_stream_bytes
+
+    def hold(self, sid: int, n: int) -> None:
+        """``n`` bytes of complete request messages of stream ``sid`` wait for their handler:
+        while half a receive window of them waits on a stream, or the pending-answer bound
+        of them on the connection, the client's credit is held back (h2_receive._credit),
+        so a client cannot send faster than its requests are taken."""
+        self._backlog += n
+        st = self._streams.get(sid)
+        if st is not None:
+            st.backlog += n
+
+    def taken(self, sid: int, n: int) -> None:
+        """Held request bytes of stream ``sid`` were handed on (or dropped)."""
+        self._backlog -= n
+        st = self._streams.get(sid)
+        if st is not None:
+            st.backlog -= n
+            if st.recv_consumed >= self._refill:      # its credit was held back
+                self._return_credit()
+                return
+        if self._recv_consumed >= self._refill:
+            self._return_credit()
+
+    @property
+    def queued_bytes(self) -> int:
+        """Answer bytes of every stream waiting for the client's credit."""
+        return self._queued
+
+    def when_drained(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once, the next time waiting answers leave (or are dropped)."""
+        self._waiters.append(callback)
+
+    async def wait_writable(self, sid: int) -> None:
+        """Until stream ``sid`` is writable(), or gone."""
+        while not self.writable(sid) and sid in self._streams:
+            fut: asyncio.Future[None] = self._loop.create_future()
+            self.when_drained(functools.partial(_resolve, fut))
+            await fut
+
+    def _wake(self) -> None:
+        if self._waiters:
+            waiters, self._waiters = self._waiters, []
+            for callback in waiters:
+                callback()
+
+    def _dropped(self, st: _Stream) -> None:
+        """A stream left with answers still queued: they will never be sent."""
+        if st.queued:
+            self._queued -= st.queued
+            st.queued = 0
+            st.pending.clear()
+            self._wake()
 
     def _drain(self, sid: int) -> None:
         st = self._streams.get(sid)
@@ -180,12 +253,13 @@ class H2Connection(H2Receiver):
                 n = min(len(item), self._send_window, st.send_window, self._max_frame)
                 if n <= 0 and len(item):
                     pending[0] = ("d", item, end)   # the rest waits for WINDOW_UPDATE
-                    self._blocked.add(sid)
+                    self._stall(sid, st)
                     return
                 last = n == len(item)
                 self._emit(frame_header(n, DATA, END_STREAM if (last and end) else 0, sid))
                 if n:
                     self._emit(item[:n])
+                    self._sent(st, n)
                 self._send_window -= n
                 st.send_window -= n
                 if last:
@@ -193,8 +267,29 @@ class H2Connection(H2Receiver):
                 item = item[n:]
             pending.popleft()
         self._blocked.discard(sid)
+        st.stalled = 0.0
         if st.closed_local:
             self._close_stream(sid, st)
+
+    def _sent(self, st: _Stream, n: int) -> None:
+        """``n`` queued bytes left: re-open the windows held shut at a bound, wake waiters."""
+        limits = self._limits
+        was_held = self._queued >= limits.max_pending_connection_bytes or \
+            st.queued >= limits.max_pending_stream_bytes
+        st.queued -= n
+        self._queued -= n
+        if was_held:
+            self._return_credit()
+        self._wake()
+
+    def _stall(self, sid: int, st: _Stream) -> None:
+        """Stream ``sid`` waits for the client's credit; past the send timeout it is reset."""
+        self._blocked.add(sid)
+        if not st.stalled:
+            st.stalled = self._loop.time()
+            timeout = self._limits.send_timeout_s
+            if timeout and "stall" not in self._timers:
+                self._arm("stall", timeout, self._check_stalls)
 
     def _emit_headers(self, sid: int, block: bytes, end_stream: bool) -> None:
         flags = END_HEADERS | (END_STREAM if end_stream else 0)
@@ -287,6 +382,11 @@ class H2Connection(H2Receiver):
             self._reading_paused = False
             t.resume_reading()
         self._arm("linger", self._limits.close_linger_s, self._abort)
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 class TlsH2Connection(H2Connection):

@@ -29,11 +29,9 @@ S_HEADER_TABLE_SIZE, S_ENABLE_PUSH, S_MAX_CONCURRENT_STREAMS, S_INITIAL_WINDOW_S
 
 DEFAULT_WINDOW = 65_535
 MAX_WINDOW = 2**31 - 1
-# What we accept: big frames mean fewer parser iterations for large tensors; windows at the
-# maximum so that a client never stalls on us (memory is bounded by max message size).
+# What we accept: big frames mean fewer parser iterations for large tensors. Our receive
+# windows are GrpcLimits.recv_window, re-opened when half is used.
 RECV_MAX_FRAME = 1 << 20
-RECV_WINDOW = MAX_WINDOW
-WINDOW_REFILL = 1 << 30      # re-open a receive window once this much has been consumed
 
 
 @functools.lru_cache(maxsize=16)
@@ -41,10 +39,11 @@ def _preamble(limits: GrpcLimits) -> bytes:
     """Our SETTINGS frame and the connection WINDOW_UPDATE that follows it."""
     settings = b"".join(k.to_bytes(2, "big") + v.to_bytes(4, "big") for k, v in (
         (S_ENABLE_PUSH, 0), (S_MAX_CONCURRENT_STREAMS, limits.max_concurrent_streams),
-        (S_INITIAL_WINDOW_SIZE, RECV_WINDOW), (S_MAX_FRAME_SIZE, RECV_MAX_FRAME),
+        (S_INITIAL_WINDOW_SIZE, limits.recv_window), (S_MAX_FRAME_SIZE, RECV_MAX_FRAME),
         (S_MAX_HEADER_LIST_SIZE, limits.max_header_list_size)))
+    grow = limits.recv_window - DEFAULT_WINDOW      # (a WINDOW_UPDATE of 0 is an error)
     return (frame_header(len(settings), SETTINGS, 0, 0) + settings
-            + frame_header(4, WINDOW_UPDATE, 0, 0) + (RECV_WINDOW - DEFAULT_WINDOW).to_bytes(4, "big"))
+            + (frame_header(4, WINDOW_UPDATE, 0, 0) + grow.to_bytes(4, "big") if grow else b""))
 
 
 def frame_header(length: int, ftype: int, flags: int, stream_id: int) -> bytes:
@@ -75,14 +74,18 @@ def encode_literal_headers(headers: list[tuple[bytes, bytes]]) -> bytes:
 
 
 class _Stream:
-    __slots__ = ("app", "closed_local", "pending", "recv_consumed", "send_window")
+    __slots__ = ("app", "backlog", "closed_local", "pending", "queued", "recv_consumed",
+                 "send_window", "stalled")
 
     def __init__(self, send_window: int) -> None:
         self.app: Any = None
         self.send_window = send_window
         # Frames waiting for flow-control credit: ("d", memoryview, end) / ("h", block, end).
         self.pending: deque = deque()
+        self.queued = 0                 # DATA bytes in pending
+        self.stalled = 0.0              # since when pending waits for credit (0: it does not)
         self.recv_consumed = 0
+        self.backlog = 0                # request bytes received, not yet taken by the app
         self.closed_local = False
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from services.frontend.grpc.h2_frames import (
     ACK,
+    CANCEL,
     CONTINUATION,
     ENHANCE_YOUR_CALM,
     FRAME_SIZE_ERROR,
@@ -54,7 +55,7 @@ class H2Guards(asyncio.Protocol):
         "_ctrl", "_ctrl_limit", "_ctrl_since", "_ctrl_window", "_idle_since", "_last_ping",
         "_max_header_block", "_max_ping_strikes", "_max_streams", "_permit_without_calls",
         "_ping_interval", "_ping_strikes", "_pings_without_data", "_reading_paused",
-        "_reset_budget", "_reset_budget_max", "_timers", "_wrote",
+        "_reset_budget", "_reset_budget_max", "_reset_since", "_timers", "_wrote",
     )
 
     if TYPE_CHECKING:   # the connection's own state and methods (grpc/h2.py, h2_receive.py)
@@ -67,7 +68,10 @@ class H2Guards(asyncio.Protocol):
         _settings_seen: bool
         _header_block: bytearray
 
+        _blocked: set[int]
+
         def _emit(self, chunk: Any) -> None: ...
+        def _stream_error(self, sid: int, code: int) -> None: ...
         def _fail(self, code: int, why: str, debug: bytes = b"") -> None: ...
         def goaway(self, debug: bytes = b"") -> None: ...
         def close(self) -> None: ...
@@ -82,7 +86,9 @@ class H2Guards(asyncio.Protocol):
         self._ctrl_limit = limits.max_control_frames
         self._ctrl_window = limits.control_frame_window_s
         self._ctrl_since = 0.0
-        self._reset_budget = self._reset_budget_max = limits.reset_budget
+        self._reset_budget: float = limits.reset_budget
+        self._reset_budget_max = limits.reset_budget
+        self._reset_since = 0.0              # when the budget was last spent
         self._ping_interval = limits.min_recv_ping_interval_without_data_ms / 1000
         self._max_ping_strikes = limits.max_ping_strikes
         self._permit_without_calls = limits.keepalive_permit_without_calls
@@ -232,6 +238,26 @@ class H2Guards(asyncio.Protocol):
         grace = self._limits.max_connection_age_grace_ms
         if grace:
             self._arm("age_grace", grace / 1000, self.close)
+
+    def _check_stalls(self) -> None:
+        """Reset every stream whose answer has waited for the client's credit longer than
+        the send timeout (what it held is dropped); look again for the others."""
+        self._timers.pop("stall", None)
+        timeout = self._limits.send_timeout_s
+        now = self._loop.time()
+        first = now
+        for sid in list(self._blocked):
+            st = self._streams.get(sid)
+            if st is None or not st.stalled:
+                continue
+            if now - st.stalled >= timeout:
+                log.info("resetting HTTP/2 stream %d: the client read nothing of its answer "
+                         "for %g s", sid, timeout)
+                self._stream_error(sid, CANCEL)
+            else:
+                first = min(first, st.stalled)
+        if first < now:
+            self._arm("stall", first + timeout - now, self._check_stalls)
 
     def _send_timed_out(self) -> None:
         self._timers.pop("send", None)

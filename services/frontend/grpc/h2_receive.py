@@ -42,7 +42,6 @@ from services.frontend.grpc.h2_frames import (
     S_INITIAL_WINDOW_SIZE,
     S_MAX_FRAME_SIZE,
     SETTINGS,
-    WINDOW_REFILL,
     WINDOW_UPDATE,
     _ConnectionError,
     _Stream,
@@ -61,7 +60,7 @@ class H2Receiver(H2Guards):
         "_buf", "_data_end", "_data_left", "_data_sid", "_decoder", "_goaway_sent", "_hcache",
         "_header_block", "_headers_flags", "_headers_sid", "_htable_state", "_initial_window",
         "_last_opened", "_last_stream", "_max_frame", "_need", "_preface", "_recv_consumed",
-        "_send_window", "_settings_seen",
+        "_refill", "_send_window", "_settings_seen",
     )
 
     if TYPE_CHECKING:   # the connection's own state and methods (grpc/h2.py)
@@ -71,8 +70,11 @@ class H2Receiver(H2Guards):
         idle: asyncio.Event
 
         def _drain(self, sid: int) -> None: ...
+        def _dropped(self, st: _Stream) -> None: ...
         def _emit_reset(self, sid: int, code: int) -> None: ...
         def _maybe_close(self) -> None: ...
+        _queued: int
+        _backlog: int
 
     def __init__(self, limits: GrpcLimits) -> None:
         super().__init__(limits)
@@ -91,6 +93,7 @@ class H2Receiver(H2Guards):
         self._initial_window = DEFAULT_WINDOW
         self._max_frame = 16_384              # the peer's SETTINGS_MAX_FRAME_SIZE
         self._recv_consumed = 0
+        self._refill = limits.recv_window // 2   # re-open a receive window when half is used
         self._data_left = 0                   # payload bytes still to come of a large DATA frame
         self._data_sid = 0
         self._data_end = False
@@ -156,6 +159,8 @@ class H2Receiver(H2Guards):
             ftype = data[pos + 3]
             flags = data[pos + 4]
             sid = int.from_bytes(data[pos + 5:pos + 9], "big") & 0x7FFFFFFF
+            if ftype == DATA:
+                self._check_window(sid, length)
             if end > n:
                 if ftype == DATA and not flags & PADDED and not self._headers_sid:
                     self._data_left, self._data_sid = length, sid
@@ -217,21 +222,57 @@ class H2Receiver(H2Guards):
             st.app.end()
 
     def _credit(self, sid: int, size: int) -> _Stream | None:
-        """Account for received DATA bytes; re-open the windows before they run low."""
+        """Account for received DATA bytes; re-open the windows when half is used, unless
+        the connection (or the stream) holds as many answers for the client as it may, or
+        half a window of requests waits for its handlers: then the client's credit waits
+        until it reads, or they are taken (h2.py _sent and taken call _return_credit)."""
+        limits = self._limits
+        refill = self._refill
         self._recv_consumed += size
-        if self._recv_consumed >= WINDOW_REFILL:
+        conn_held = self._queued >= limits.max_pending_connection_bytes or \
+            self._backlog >= limits.max_pending_connection_bytes
+        if self._recv_consumed >= refill and not conn_held:
             self._emit(frame_header(4, WINDOW_UPDATE, 0, 0) + self._recv_consumed.to_bytes(4, "big"))
             self._recv_consumed = 0
         st = self._streams.get(sid)
         if st is not None:
             st.recv_consumed += size
-            if st.recv_consumed >= WINDOW_REFILL:
+            if st.recv_consumed >= refill and not conn_held and st.backlog < refill and \
+                    st.queued < limits.max_pending_stream_bytes:
                 self._emit(frame_header(4, WINDOW_UPDATE, 0, sid)
                            + st.recv_consumed.to_bytes(4, "big"))
                 st.recv_consumed = 0
         elif not sid or sid > self._last_stream:
             raise _ConnectionError(PROTOCOL_ERROR, f"DATA on idle stream {sid}")
         return st
+
+    def _check_window(self, sid: int, length: int) -> None:
+        """A DATA frame, checked from its header against the credit we gave (RFC 9113
+        §6.9.1): our windows bound what a client can make us hold, so a peer that ignores
+        them is cut."""
+        window = self._limits.recv_window
+        if self._recv_consumed + length > window:
+            raise _ConnectionError(FLOW_CONTROL_ERROR, "DATA beyond the connection window")
+        st = self._streams.get(sid)
+        if st is not None and st.recv_consumed + length > window:
+            raise _ConnectionError(FLOW_CONTROL_ERROR, f"DATA beyond the window of stream {sid}")
+
+    def _return_credit(self) -> None:
+        """The credit held back at a bound, for the connection and each stream below its own."""
+        limits = self._limits
+        refill = self._refill
+        if self._queued >= limits.max_pending_connection_bytes or \
+                self._backlog >= limits.max_pending_connection_bytes:
+            return
+        if self._recv_consumed >= refill:
+            self._emit(frame_header(4, WINDOW_UPDATE, 0, 0) + self._recv_consumed.to_bytes(4, "big"))
+            self._recv_consumed = 0
+        for sid, st in self._streams.items():
+            if st.recv_consumed >= refill and st.backlog < refill and \
+                    st.queued < limits.max_pending_stream_bytes:
+                self._emit(frame_header(4, WINDOW_UPDATE, 0, sid)
+                           + st.recv_consumed.to_bytes(4, "big"))
+                st.recv_consumed = 0
 
     def _on_headers(self, sid: int, flags: int, payload: memoryview) -> None:
         if not sid & 1:
@@ -395,11 +436,17 @@ class H2Receiver(H2Guards):
         st = self._streams.pop(sid, None)
         self._blocked.discard(sid)
         if st is not None:
+            self._dropped(st)
             if st.app is not None:
                 st.app.reset()
-            # Reset before we answered it: rapid reset (CVE-2023-44487) spends the budget.
-            self._reset_budget -= 1
-            if self._reset_budget <= 0:
+            # Reset before we answered it: rapid reset (CVE-2023-44487) spends the budget,
+            # which time refills (the whole of it each second).
+            now = self._loop.time()
+            budget = self._reset_budget_max
+            self._reset_budget = min(budget, self._reset_budget
+                                     + (now - self._reset_since) * budget) - 1
+            self._reset_since = now
+            if self._reset_budget < 1:          # (the refill of a burst is a fraction)
                 raise _ConnectionError(ENHANCE_YOUR_CALM,
                                        "rapid reset: too many streams cancelled by the client")
         self._maybe_close()
@@ -424,7 +471,9 @@ class H2Receiver(H2Guards):
         """End one stream with RST_STREAM ``code``; the connection goes on."""
         st = self._streams.pop(sid, None)
         self._blocked.discard(sid)
-        if st is not None and st.app is not None:
-            st.app.reset()
+        if st is not None:
+            self._dropped(st)
+            if st.app is not None:
+                st.app.reset()
         self._emit_reset(sid, code)
         self._maybe_close()

@@ -34,6 +34,13 @@ What each limit stops, and how it answers (docs/security.md has the operator's v
   transport the connection stops reading (PING and SETTINGS acks, RST_STREAMs and responses
   included) until they drain below ``write_buffer_low``; a connection that cannot write for
   ``send_timeout_s`` is cut.
+- a client that does not read its answers, whose flow-control windows therefore stay
+  closed: answers waiting for its credit are bounded per stream
+  (``max_pending_stream_bytes``) and per connection (``max_pending_connection_bytes``). At
+  its bound a stream, or every stream of the connection, takes no new request (its messages
+  wait, its receive window is not re-opened, so the client can send at most
+  ``recv_window`` more) until the client reads; a stream that waits for credit longer than
+  ``send_timeout_s`` is reset (CANCEL) and what it held is freed.
 - timeouts: the client preface and first SETTINGS within ``handshake_timeout_s``; a
   connection without an open stream for ``idle_timeout_s`` gets GOAWAY NO_ERROR and is
   closed (a gRPC client reconnects on its next call); keepalive PINGs every
@@ -80,9 +87,12 @@ class GrpcLimits:
     reset_budget_per_stream: int = 2
     """Rapid reset: the budget starts at this times ``max_concurrent_streams``, each stream
     the client resets before it is answered spends one, each answered stream earns one back
-    (up to the start). Empty: GOAWAY ENHANCE_YOUR_CALM. h2o's reset budget (a connection that
-    resets more than half its streams runs out); Envoy closes at 50% premature resets too;
-    2 × max_concurrent_streams is nginx's figure for new streams per read."""
+    (up to the start), and so does time: the whole budget each second. Empty: GOAWAY
+    ENHANCE_YOUR_CALM. h2o's reset budget (a connection that resets more than half its
+    streams runs out); Envoy closes at 50% premature resets too; 2 × max_concurrent_streams
+    is nginx's figure for new streams per read. The refill over time is for clients whose
+    deadlines expire in waves (each expired call is a reset): a few hundred a second per
+    connection is what a deadline storm makes, a reset flood makes tens of thousands."""
     write_buffer_high: int = 1 << 20
     write_buffer_low: int = 256 << 10
     """Stop reading while more than ``write_buffer_high`` bytes of our output wait in the
@@ -92,8 +102,24 @@ class GrpcLimits:
     1 MiB is a few round trips of a fast client, so well-behaved traffic is never paused
     for long."""
     send_timeout_s: float = 60.0
-    """A connection whose output stays above the high-water mark this long is cut: nginx's
-    send_timeout (60 s)."""
+    """A connection whose output stays above the high-water mark this long is cut, and a
+    stream whose answer waits this long for the client's flow-control credit is reset:
+    nginx's send_timeout (60 s). 0: never."""
+    max_pending_stream_bytes: int = 32 << 20
+    max_pending_connection_bytes: int = 128 << 20
+    """Answers waiting for a client's flow-control credit: at this many bytes on a stream
+    (or on all the streams of a connection) it takes no new request until the client reads,
+    and a new request starts only while the answers of those running, at the largest size
+    seen, fit too. Eight 4 MiB answers a stream, 32 a connection: a client that reads is
+    never held back by them (it keeps them near zero), one that does not costs at most this
+    much plus the answers of the requests running when it stopped. (grpc core and Triton
+    have no such bound: they queue every answer.)"""
+    recv_window: int = 16 << 20
+    """Our flow-control window for request bytes, per stream and per connection, re-opened
+    when half is used unless the stream or connection is at a pending-answer bound: what a
+    client can still send to a connection that takes no new request. 16 MiB re-opened every
+    8 MiB costs a large request one WINDOW_UPDATE round trip per 8 MiB (microseconds on a
+    LAN), never a stall."""
     handshake_timeout_s: float = 10.0
     """Client preface and first SETTINGS due within this long after accept. h2o closes a
     connection that sends nothing for http2-idle-timeout (10 s); grpc core waits 120 s
@@ -145,6 +171,10 @@ class GrpcLimits:
             raise ValueError("max_header_list_size must be between 1024 and 2147483647")
         if self.max_control_frames < 1:
             raise ValueError("max_control_frames must be at least 1")
+        if self.recv_window < 65_535:   # RFC 9113's initial window; at most MAX_WINDOW
+            raise ValueError("recv_window must be at least 65535")
+        if self.recv_window > INT32_MAX:
+            raise ValueError("recv_window must be at most 2147483647")
         if self.write_buffer_low > self.write_buffer_high:
             raise ValueError("write_buffer_low must not exceed write_buffer_high")
 
@@ -211,6 +241,14 @@ _FLAGS: list[tuple[str, str, Any, str]] = [
      "connection before GOAWAY ENHANCE_YOUR_CALM (1000)"),
     ("--grpc-handshake-timeout-secs", "handshake_timeout_s", _seconds,
      "seconds a new connection has to send the HTTP/2 preface and SETTINGS (10, 0: no limit)"),
+    ("--grpc-max-pending-stream-bytes", "max_pending_stream_bytes", _count,
+     "bytes of answers a stream may hold waiting for a client that does not read; at the "
+     "bound it takes no new request until the client reads (33554432)"),
+    ("--grpc-max-pending-connection-bytes", "max_pending_connection_bytes", _count,
+     "the same bound for all the streams of a connection (134217728)"),
+    ("--grpc-send-timeout-secs", "send_timeout_s", _seconds,
+     "seconds an answer may wait for a client that does not read before its stream is "
+     "reset, or its connection cut (60, 0: never)"),
     ("--grpc-idle-timeout-secs", "idle_timeout_s", _seconds,
      "seconds a connection may stay without an open call before it is closed (180, 0: "
      "never)"),

@@ -104,6 +104,56 @@ def _identity(data: bytes) -> bytes:
     return data
 
 
+class _StreamBudget:
+    """The answers a ModelStreamInfer stream holds between its requests' producers and the
+    client: produced, not yet taken by the server's writer (which stops taking them while
+    the client does not read: grpc.aio's flow control, or the native server's bounds).
+    A producer pauses at ``limit`` bytes; a new request starts only when the answers of
+    those running, at the largest size seen (none until a first answer gives it), fit
+    beside what is held. So a client that stops reading holds about ``limit`` here,
+    whatever it sends and however many answers a decoupled model makes."""
+    __slots__ = ("held", "inflight", "largest", "limit", "_room")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = self.inflight = self.largest = 0
+        self._room = asyncio.Event()
+        self._room.set()
+
+    def add(self, n: int) -> None:
+        self.held += n
+        if n > self.largest:
+            self.largest = n
+        if self.held >= self.limit:
+            self._room.clear()
+
+    def taken(self, n: int) -> None:
+        self.held -= n
+        self._room.set()
+
+    def done(self) -> None:
+        self.inflight -= 1
+        if not self.largest:
+            self.largest = 1             # answered without a message: small, and known now
+        self._room.set()
+
+    async def room(self, out: asyncio.Queue) -> None:
+        """Until the answers held are below the limit, or ``out`` (the producer's own
+        answers) is empty: the stream writes its requests' answers in order, so the oldest
+        producer's, once taken, must never wait for later ones'."""
+        while self.held >= self.limit and not out.empty():
+            self._room.clear()
+            await self._room.wait()
+
+    async def start(self) -> None:
+        """Until one more request may start."""
+        while self.held >= self.limit or (
+                self.inflight and self.held + (self.inflight + 1) * self.largest > self.limit):
+            self._room.clear()
+            await self._room.wait()
+        self.inflight += 1
+
+
 class GrpcService(SharedMemoryRpcs, LogRpcs, TraceRpcs):
     """One coroutine per RPC of inference.GRPCInferenceService, over the data plane `dp`
     (the shared-memory RPCs: grpc/shm_methods.py; LogSettings: grpc/log_methods.py;
@@ -185,7 +235,8 @@ class GrpcService(SharedMemoryRpcs, LogRpcs, TraceRpcs):
 
     async def _stream_one(self, request: tuple[pb.ModelInferRequest, list[memoryview]],
                           out: asyncio.Queue, after: asyncio.Event | None,
-                          sent: asyncio.Event, metadata: list[tuple[str, str]]) -> None:
+                          sent: asyncio.Event, metadata: list[tuple[str, str]],
+                          budget: _StreamBudget) -> None:
         """Every response to one stream request, serialized, onto ``out``; then None. Errors
         become an error_message (with the request id) and never end the stream. Every
         response carries triton_final_response; a decoupled model's bare final flag is
@@ -194,8 +245,14 @@ class GrpcService(SharedMemoryRpcs, LogRpcs, TraceRpcs):
         the scheduler only after the one before it (``after``) has: a stream's requests run
         concurrently but arrive in order (a sequence's requests must), even when one of them
         waits for model metadata the next finds cached. ``metadata``: the stream's headers
-        that each request forwards (--grpc-header-forward-pattern)."""
+        that each request forwards (--grpc-header-forward-pattern). ``budget``: the
+        stream's answers held; a decoupled model's next response waits for room."""
         msg, raw = request
+
+        def put(data: bytes) -> None:
+            budget.add(len(data))
+            out.put_nowait(data)
+
         try:
             if after is not None:
                 await after.wait()
@@ -206,7 +263,7 @@ class GrpcService(SharedMemoryRpcs, LogRpcs, TraceRpcs):
             async for resp in self._dp.infer_stream(core, sent.set):
                 try:
                     if resp.error is not None:   # not the last: the request goes on
-                        out.put_nowait(codec.encode_stream_error(resp.error.message, core.id))
+                        put(codec.encode_stream_error(resp.error.message, core.id))
                         trace.sent()
                         continue
                     if resp.empty and not want_empty:
@@ -216,15 +273,18 @@ class GrpcService(SharedMemoryRpcs, LogRpcs, TraceRpcs):
                     resp.parameters = {**resp.parameters, "triton_final_response": resp.final}
                     if not resp.id:
                         resp.id = core.id
-                    out.put_nowait(codec.encode_stream_response(resp))
+                    put(codec.encode_stream_response(resp))
                     trace.sent()   # (a traced request's GRPC_SEND_*)
                 finally:
                     self._dp.release(resp)
+                if budget.held >= budget.limit:
+                    await budget.room(out)
         except Exception as exc:  # noqa: BLE001
-            out.put_nowait(codec.encode_stream_error(_as_error(exc, "ModelStreamInfer").message, msg.id))
+            put(codec.encode_stream_error(_as_error(exc, "ModelStreamInfer").message, msg.id))
         finally:
             sent.set()
             out.put_nowait(None)
+            budget.done()
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[Any],
                                context) -> AsyncIterator[bytes]:
@@ -237,6 +297,7 @@ class GrpcService(SharedMemoryRpcs, LogRpcs, TraceRpcs):
            marker; 3. on client cancel or stream error, every producer is cancelled.
         """
         window = asyncio.Semaphore(STREAM_WINDOW)
+        budget = _StreamBudget(self._settings.grpc_limits.max_pending_stream_bytes)
         metadata = forward.grpc_metadata(context) if self._forward is not None else []
         sources: asyncio.Queue[tuple[asyncio.Task, asyncio.Queue] | None] = asyncio.Queue()
 
@@ -245,10 +306,11 @@ class GrpcService(SharedMemoryRpcs, LogRpcs, TraceRpcs):
             try:
                 async for request in request_iterator:
                     await window.acquire()
+                    await budget.start()
                     out: asyncio.Queue = asyncio.Queue()
                     sent = asyncio.Event()
                     sources.put_nowait((asyncio.ensure_future(
-                        self._stream_one(request, out, before, sent, metadata)), out))
+                        self._stream_one(request, out, before, sent, metadata, budget)), out))
                     before = sent
             finally:
                 sources.put_nowait(None)  # end of requests (also on a read error)
@@ -260,6 +322,7 @@ class GrpcService(SharedMemoryRpcs, LogRpcs, TraceRpcs):
                 out = source[1]
                 while (response := await out.get()) is not None:
                     yield response
+                    budget.taken(len(response))
                 window.release()
             await reader  # re-raise a read error as the stream's status
         finally:

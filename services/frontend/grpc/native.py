@@ -9,12 +9,20 @@ to enforce: when one expires the client resets the stream and the call is cancel
 A request message larger than the limit (``GrpcLimits.max_message_size``, --grpc-max-message-size)
 is refused from its length prefix, and its buffer grows with the bytes that arrive, never
 with the size the prefix declares; a compressed one is inflated only up to the limit.
+
+Backpressure: what the server holds for a client that does not read is bounded
+(GrpcLimits.max_pending_*_bytes). A streaming call hands its next request to its handler,
+and its handler's next answer goes out, only while its stream and connection are below
+their bounds (H2Connection.writable). A unary call starts only when the connection has room
+for one more answer of the largest size it has sent (_Gate): a call's answer exists only
+once it has run, so the room is kept for the calls already running.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import zlib
+from collections import deque
 from collections.abc import Mapping
 from ssl import SSLContext
 from typing import Any
@@ -91,6 +99,62 @@ def _status_block(code: int, details: str, headers_sent: bool) -> bytes:
     return block if headers_sent else RESPONSE_HEADERS + block   # Trailers-Only
 
 
+class _Gate:
+    """When a connection's unary calls may start: while its answers waiting for the client,
+    plus one answer of the largest size sent so far for each call running and for the new
+    one, stay within max_pending_connection_bytes (until a first answer gives the size,
+    only the answers waiting count: a connection's first calls are never held back, so a
+    batcher sees them all). A call that finds no room waits (its request bytes are bounded
+    by the receive window, held shut at the bound) and starts, in order, when answers leave
+    or calls end."""
+    __slots__ = ("conn", "largest", "limit", "running", "waiting", "_armed")
+
+    def __init__(self, conn: H2Connection, limit: int) -> None:
+        self.conn, self.limit = conn, limit
+        self.running = 0
+        self.largest = 0                 # the largest answer sent on this connection
+        self.waiting: deque[_Call] = deque()
+        self._armed = False
+
+    def admit(self, call: _Call) -> None:
+        if self.waiting or not self._room():
+            self.waiting.append(call)
+            self._arm()
+            return
+        self.running += 1
+        call.run_unary()
+
+    def finished(self, sent: int) -> None:
+        self.running -= 1
+        if sent > self.largest:
+            self.largest = sent
+        elif not self.largest:
+            self.largest = 1             # an answer without a message: small, and known now
+        self._pump()
+
+    def _room(self) -> bool:
+        queued = self.conn.queued_bytes
+        if queued >= self.limit:
+            return False
+        return not self.running or queued + (self.running + 1) * self.largest <= self.limit
+
+    def _pump(self) -> None:
+        self._armed = False
+        waiting = self.waiting
+        while waiting and self._room():
+            call = waiting.popleft()
+            if not call.failed:          # (reset while it waited)
+                self.running += 1
+                call.run_unary()
+        if waiting:
+            self._arm()
+
+    def _arm(self) -> None:
+        if not self._armed:
+            self._armed = True
+            self.conn.when_drained(self._pump)
+
+
 class _Call:
     """One RPC on one HTTP/2 stream: collects request messages, runs the handler, answers."""
     __slots__ = (
@@ -100,11 +164,14 @@ class _Call:
         "encoding",
         "failed",
         "flag",
+        "gate",
         "head",
         "headers_sent",
+        "held",
         "message",
         "method",
         "queue",
+        "sent",
         "server",
         "sid",
         "size",
@@ -112,8 +179,11 @@ class _Call:
     )
 
     def __init__(self, server: NativeGrpcServer, conn: H2Connection, sid: int, method: Any,
-                 encoding: bytes, context: _Context = CONTEXT) -> None:
+                 encoding: bytes, gate: _Gate, context: _Context = CONTEXT) -> None:
         self.server, self.conn, self.sid, self.method = server, conn, sid, method
+        self.gate: _Gate | None = gate        # unary calls: set while admitted or waiting
+        self.sent = 0                          # bytes of answer messages
+        self.held = 0                          # bytes of requests not yet handed on
         self.context = context
         self.encoding = encoding
         self.head = bytearray()               # a message prefix split between pieces
@@ -125,6 +195,7 @@ class _Call:
         self.headers_sent = False
         self.failed = False
         if method.streaming:
+            self.gate = None
             self.queue = asyncio.Queue()
             self._start(self._run(self._stream()))
 
@@ -184,14 +255,29 @@ class _Call:
         elif self.task is None:
             if self.message is None:
                 self._fail(INTERNAL, "missing request message")
-            else:
-                self._start(self._run(self._unary(self.message)))
+            elif self.gate is not None:
+                self.gate.admit(self)
 
     def reset(self) -> None:
         if self.task is not None:
             self.task.cancel()
         elif self.queue is not None:
             self.queue.put_nowait(None)
+        else:
+            self.failed = True            # waiting at its gate: it never starts
+            self.message = None
+            self._take(self.held)
+
+    def run_unary(self) -> None:
+        """Admitted by the gate: run the handler on the request."""
+        message, self.message = self.message, None
+        self._take(self.held)
+        self._start(self._run(self._unary(message)))
+
+    def _take(self, n: int) -> None:
+        if n:
+            self.held -= n
+            self.conn.taken(self.sid, n)
 
     # -- internals ------------------------------------------------------------------------------
     def _received(self, flag: int, payload: Any) -> None:
@@ -202,9 +288,13 @@ class _Call:
                 self._fail(e.code, e.details, stop_sending=True)
                 return
         if self.queue is not None:
+            self.held += len(payload)
+            self.conn.hold(self.sid, len(payload))
             self.queue.put_nowait(payload)
         elif self.message is None:
             self.message = payload
+            self.held = len(payload)
+            self.conn.hold(self.sid, self.held)
         else:
             self._fail(UNIMPLEMENTED, "more than one request message for a unary method",
                        stop_sending=True)
@@ -243,6 +333,10 @@ class _Call:
         self.task = None
         self.failed = True            # the call is over: later frames are ignored
         self.server.calls.discard(task)
+        self._take(self.held)         # requests it never took
+        gate, self.gate = self.gate, None
+        if gate is not None:
+            gate.finished(self.sent)
 
     def _fail(self, code: int, details: str, stop_sending: bool = False) -> None:
         """End the call now, before or instead of its handler; later frames are ignored.
@@ -260,6 +354,7 @@ class _Call:
         if not self.headers_sent:
             self.headers_sent = True
             conn.send_headers(sid, RESPONSE_HEADERS)
+        self.sent += len(body)
         prefix = b"\x00" + len(body).to_bytes(4, "big")   # uncompressed, length-prefixed
         if len(body) < 65_536:
             conn.send_data(sid, prefix + body)               # one frame for a small message
@@ -298,8 +393,14 @@ class _Call:
         self._send(method.serialize(response))
 
     async def _requests(self) -> Any:
+        """The stream's requests, each handed on only while the stream may take one: its
+        answers waiting for the client are below the bounds (backpressure)."""
         queue, deserialize = self.queue, self.method.deserialize
+        conn, sid = self.conn, self.sid
         while (payload := await queue.get()) is not None:   # type: ignore[union-attr]
+            self._take(len(payload))
+            if not conn.writable(sid):
+                await conn.wait_writable(sid)
             try:
                 request = deserialize(payload)
             except TriremeError as e:
@@ -309,8 +410,11 @@ class _Call:
             yield request
 
     async def _stream(self) -> None:
+        conn, sid = self.conn, self.sid
         async for response in self.method.handler(self._requests(), self.context):
             self._send(self.method.serialize(response))
+            if not conn.writable(sid):   # the client is not reading: neither do we
+                await conn.wait_writable(sid)
 
 
 class _Refused:
@@ -340,7 +444,7 @@ class NativeGrpcServer:
         self._all_metadata = all_metadata
         self.limits = limits = limits or GrpcLimits()
         self.max_message = limits.max_message_size
-        self._connections: set[H2Connection] = set()
+        self._connections: dict[H2Connection, _Gate] = {}
         self.calls: set[asyncio.Task] = set()
         self._server: asyncio.base_events.Server | None = None
         self.trireme_port = 0
@@ -363,14 +467,19 @@ class NativeGrpcServer:
         self.trireme_port = self._server.sockets[0].getsockname()[1]
 
     def _connection(self) -> H2Connection:
-        conn = H2Connection(self._open_stream, self._connections.discard, self.limits)
-        self._connections.add(conn)
+        conn = H2Connection(self._open_stream, self._closed, self.limits)
+        self._connections[conn] = _Gate(conn, self.limits.max_pending_connection_bytes)
         return conn
 
     def _tls_connection(self) -> H2Connection:
-        conn = TlsH2Connection(self._open_stream, self._connections.discard, self.limits)
-        self._connections.add(conn)
+        conn = TlsH2Connection(self._open_stream, self._closed, self.limits)
+        self._connections[conn] = _Gate(conn, self.limits.max_pending_connection_bytes)
         return conn
+
+    def _closed(self, conn: H2Connection) -> None:
+        gate = self._connections.pop(conn, None)
+        if gate is not None:
+            gate.waiting.clear()
 
     def _open_stream(self, conn: H2Connection, sid: int, headers: list) -> Any:
         path = content_type = b""
@@ -399,7 +508,7 @@ class NativeGrpcServer:
                 UNIMPLEMENTED, f"Compression algorithm '{encoding.decode(errors='replace')}' "
                 "is not supported", False), True)
             return _REFUSED
-        return _Call(self, conn, sid, method, encoding,
+        return _Call(self, conn, sid, method, encoding, self._connections[conn],
                      CONTEXT if trace_context is None else _MetaContext(trace_context))
 
     async def stop(self, grace: float | None) -> None:

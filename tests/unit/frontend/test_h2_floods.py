@@ -148,6 +148,23 @@ def test_cancelling_fewer_calls_than_are_answered_is_fine():
     run(body, max_concurrent_streams=5)
 
 
+def test_resets_spread_over_time_are_a_deadline_storm_not_a_flood():
+    """Calls whose deadlines expire in waves reset their streams before an answer; time
+    refills the budget (all of it each second), so a client pacing 20 resets a second
+    against a budget of 10 keeps its connection."""
+    async def body(server, dp):
+        c = await RawClient.connect(server.trireme_port)
+        sid = 1
+        for _ in range(15):                           # 1.5 budgets, over 0.75 s
+            c.frame(HEADERS, END_HEADERS, sid, request_headers())
+            c.frame(RST_STREAM, 0, sid, (8).to_bytes(4, "big"))
+            sid += 2
+            await asyncio.sleep(0.05)                 # the client's pace, not a wait
+        await call_ok(c, sid, "still served")
+        c.close()
+    run(body, max_concurrent_streams=5)
+
+
 # ---- a peer that does not read ---------------------------------------------------------------
 def test_a_peer_that_does_not_read_stops_being_read():
     """PINGs from a client that never reads: once our acks fill the kernel buffers and pass
