@@ -104,19 +104,25 @@ def _identity(data: bytes) -> bytes:
     return data
 
 
+def _tensor_bytes(request: tuple[pb.ModelInferRequest, list[memoryview]]) -> int:
+    """The raw tensor bytes of a decoded request (grpc/codec.py decode_infer_request)."""
+    return sum(len(v) for v in request[1])
+
+
 class _StreamBudget:
     """The answers a ModelStreamInfer stream holds between its requests' producers and the
     client: produced, not yet taken by the server's writer (which stops taking them while
     the client does not read: grpc.aio's flow control, or the native server's bounds).
-    A producer pauses at ``limit`` bytes; a new request starts only when the answers of
-    those running, at the largest size seen (none until a first answer gives it), fit
-    beside what is held. So a client that stops reading holds about ``limit`` here,
-    whatever it sends and however many answers a decoupled model makes."""
-    __slots__ = ("held", "inflight", "largest", "limit", "_room")
+    A producer pauses at ``limit`` bytes; a new request starts only when its tensors, those
+    of the requests running and the answers of all of them, at the largest size seen (none
+    until a first answer gives it), fit beside what is held; one always runs. So a client
+    that stops reading holds about ``limit`` here, whatever it sends and however many
+    answers a decoupled model makes."""
+    __slots__ = ("held", "inflight", "largest", "limit", "running_bytes", "_room")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.held = self.inflight = self.largest = 0
+        self.held = self.inflight = self.largest = self.running_bytes = 0
         self._room = asyncio.Event()
         self._room.set()
 
@@ -131,8 +137,9 @@ class _StreamBudget:
         self.held -= n
         self._room.set()
 
-    def done(self) -> None:
+    def done(self, cost: int) -> None:
         self.inflight -= 1
+        self.running_bytes -= cost
         if not self.largest:
             self.largest = 1             # answered without a message: small, and known now
         self._room.set()
@@ -145,13 +152,15 @@ class _StreamBudget:
             self._room.clear()
             await self._room.wait()
 
-    async def start(self) -> None:
-        """Until one more request may start."""
+    async def start(self, cost: int) -> None:
+        """Until one more request, of ``cost`` bytes of tensors, may start."""
         while self.held >= self.limit or (
-                self.inflight and self.held + (self.inflight + 1) * self.largest > self.limit):
+                self.inflight and self.held + self.running_bytes + cost
+                + (self.inflight + 1) * self.largest > self.limit):
             self._room.clear()
             await self._room.wait()
         self.inflight += 1
+        self.running_bytes += cost
 
 
 class GrpcService(SharedMemoryRpcs, LogRpcs, TraceRpcs):
@@ -284,7 +293,7 @@ class GrpcService(SharedMemoryRpcs, LogRpcs, TraceRpcs):
         finally:
             sent.set()
             out.put_nowait(None)
-            budget.done()
+            budget.done(_tensor_bytes(request))
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[Any],
                                context) -> AsyncIterator[bytes]:
@@ -306,7 +315,7 @@ class GrpcService(SharedMemoryRpcs, LogRpcs, TraceRpcs):
             try:
                 async for request in request_iterator:
                     await window.acquire()
-                    await budget.start()
+                    await budget.start(_tensor_bytes(request))
                     out: asyncio.Queue = asyncio.Queue()
                     sent = asyncio.Event()
                     sources.put_nowait((asyncio.ensure_future(

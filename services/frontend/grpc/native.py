@@ -101,51 +101,59 @@ def _status_block(code: int, details: str, headers_sent: bool) -> bytes:
 
 class _Gate:
     """When a connection's unary calls may start: while its answers waiting for the client,
-    plus one answer of the largest size sent so far for each call running and for the new
-    one, stay within max_pending_connection_bytes (until a first answer gives the size,
-    only the answers waiting count: a connection's first calls are never held back, so a
-    batcher sees them all). A call that finds no room waits (its request bytes are bounded
-    by the receive window, held shut at the bound) and starts, in order, when answers leave
-    or calls end."""
-    __slots__ = ("conn", "largest", "limit", "running", "waiting", "_armed")
+    the requests of the calls running and of the new one, and one answer of the largest
+    size sent so far for each of them, stay within max_pending_connection_bytes (until a
+    first answer gives the size, answers count as nothing: a connection's first calls are
+    held back only by their requests). One call always runs. A call that finds no room
+    waits (its request bytes are bounded by the receive window, held shut at the bound)
+    and starts, in order, when answers leave or calls end."""
+    __slots__ = ("conn", "largest", "limit", "running", "running_bytes", "waiting", "_armed")
 
     def __init__(self, conn: H2Connection, limit: int) -> None:
         self.conn, self.limit = conn, limit
         self.running = 0
+        self.running_bytes = 0           # request bytes of the calls running
         self.largest = 0                 # the largest answer sent on this connection
         self.waiting: deque[_Call] = deque()
         self._armed = False
 
     def admit(self, call: _Call) -> None:
-        if self.waiting or not self._room():
+        if self.waiting or not self._room(call.held):
             self.waiting.append(call)
             self._arm()
             return
-        self.running += 1
-        call.run_unary()
+        self._run(call)
 
-    def finished(self, sent: int) -> None:
+    def finished(self, call: _Call) -> None:
         self.running -= 1
+        self.running_bytes -= call.cost
+        sent = call.sent
         if sent > self.largest:
             self.largest = sent
         elif not self.largest:
             self.largest = 1             # an answer without a message: small, and known now
         self._pump()
 
-    def _room(self) -> bool:
+    def _room(self, cost: int) -> bool:
         queued = self.conn.queued_bytes
         if queued >= self.limit:
             return False
-        return not self.running or queued + (self.running + 1) * self.largest <= self.limit
+        return not self.running or (queued + self.running_bytes + cost
+                                    + (self.running + 1) * self.largest <= self.limit)
+
+    def _run(self, call: _Call) -> None:
+        call.cost = call.held
+        self.running += 1
+        self.running_bytes += call.cost
+        call.run_unary()
 
     def _pump(self) -> None:
         self._armed = False
         waiting = self.waiting
-        while waiting and self._room():
+        while waiting and (waiting[0].failed or self._room(waiting[0].held)):
             call = waiting.popleft()
             if not call.failed:          # (reset while it waited)
-                self.running += 1
-                call.run_unary()
+                self._run(call)
         if waiting:
             self._arm()
 
@@ -161,6 +169,7 @@ class _Call:
         "body",
         "conn",
         "context",
+        "cost",
         "encoding",
         "failed",
         "flag",
@@ -184,6 +193,7 @@ class _Call:
         self.gate: _Gate | None = gate        # unary calls: set while admitted or waiting
         self.sent = 0                          # bytes of answer messages
         self.held = 0                          # bytes of requests not yet handed on
+        self.cost = 0                          # its request's bytes, while it runs
         self.context = context
         self.encoding = encoding
         self.head = bytearray()               # a message prefix split between pieces
@@ -336,7 +346,7 @@ class _Call:
         self._take(self.held)         # requests it never took
         gate, self.gate = self.gate, None
         if gate is not None:
-            gate.finished(self.sent)
+            gate.finished(self)
 
     def _fail(self, code: int, details: str, stop_sending: bool = False) -> None:
         """End the call now, before or instead of its handler; later frames are ignored.
