@@ -201,10 +201,7 @@ class H2Connection(H2Receiver):
         st = self._streams.get(sid)
         if st is not None:
             st.backlog -= n
-            if st.recv_consumed >= self._refill:      # its credit was held back
-                self._return_credit()
-                return
-        if self._recv_consumed >= self._refill:
+        if self._withheld:                # some credit waits for this
             self._return_credit()
 
     @property
@@ -243,6 +240,7 @@ class H2Connection(H2Receiver):
             self._blocked.discard(sid)
             return
         pending = st.pending
+        sent = False
         while pending:
             kind, item, end = pending[0]
             if kind == "h":
@@ -254,12 +252,16 @@ class H2Connection(H2Receiver):
                 if n <= 0 and len(item):
                     pending[0] = ("d", item, end)   # the rest waits for WINDOW_UPDATE
                     self._stall(sid, st)
+                    if sent:
+                        self._sent()
                     return
                 last = n == len(item)
                 self._emit(frame_header(n, DATA, END_STREAM if (last and end) else 0, sid))
                 if n:
                     self._emit(item[:n])
-                    self._sent(st, n)
+                    st.queued -= n
+                    self._queued -= n
+                    sent = True
                 self._send_window -= n
                 st.send_window -= n
                 if last:
@@ -268,19 +270,17 @@ class H2Connection(H2Receiver):
             pending.popleft()
         self._blocked.discard(sid)
         st.stalled = 0.0
+        if sent:
+            self._sent()
         if st.closed_local:
             self._close_stream(sid, st)
 
-    def _sent(self, st: _Stream, n: int) -> None:
-        """``n`` queued bytes left: re-open the windows held shut at a bound, wake waiters."""
-        limits = self._limits
-        was_held = self._queued >= limits.max_pending_connection_bytes or \
-            st.queued >= limits.max_pending_stream_bytes
-        st.queued -= n
-        self._queued -= n
-        if was_held:
+    def _sent(self) -> None:
+        """Queued answers left: re-open the windows held shut at a bound, wake waiters."""
+        if self._withheld:
             self._return_credit()
-        self._wake()
+        if self._waiters:
+            self._wake()
 
     def _stall(self, sid: int, st: _Stream) -> None:
         """Stream ``sid`` waits for the client's credit; past the send timeout it is reset."""

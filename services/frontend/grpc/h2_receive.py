@@ -60,7 +60,7 @@ class H2Receiver(H2Guards):
         "_buf", "_data_end", "_data_left", "_data_sid", "_decoder", "_goaway_sent", "_hcache",
         "_header_block", "_headers_flags", "_headers_sid", "_htable_state", "_initial_window",
         "_last_opened", "_last_stream", "_max_frame", "_need", "_preface", "_recv_consumed",
-        "_refill", "_send_window", "_settings_seen",
+        "_refill", "_send_window", "_settings_seen", "_withheld",
     )
 
     if TYPE_CHECKING:   # the connection's own state and methods (grpc/h2.py)
@@ -94,6 +94,7 @@ class H2Receiver(H2Guards):
         self._max_frame = 16_384              # the peer's SETTINGS_MAX_FRAME_SIZE
         self._recv_consumed = 0
         self._refill = limits.recv_window // 2   # re-open a receive window when half is used
+        self._withheld = False                    # some credit was held back at a bound
         self._data_left = 0                   # payload bytes still to come of a large DATA frame
         self._data_sid = 0
         self._data_end = False
@@ -231,17 +232,24 @@ class H2Receiver(H2Guards):
         self._recv_consumed += size
         conn_held = self._queued >= limits.max_pending_connection_bytes or \
             self._backlog >= limits.max_pending_connection_bytes
-        if self._recv_consumed >= refill and not conn_held:
-            self._emit(frame_header(4, WINDOW_UPDATE, 0, 0) + self._recv_consumed.to_bytes(4, "big"))
-            self._recv_consumed = 0
+        if self._recv_consumed >= refill:
+            if conn_held:
+                self._withheld = True
+            else:
+                self._emit(frame_header(4, WINDOW_UPDATE, 0, 0)
+                           + self._recv_consumed.to_bytes(4, "big"))
+                self._recv_consumed = 0
         st = self._streams.get(sid)
         if st is not None:
             st.recv_consumed += size
-            if st.recv_consumed >= refill and not conn_held and st.backlog < refill and \
-                    st.queued < limits.max_pending_stream_bytes:
-                self._emit(frame_header(4, WINDOW_UPDATE, 0, sid)
-                           + st.recv_consumed.to_bytes(4, "big"))
-                st.recv_consumed = 0
+            if st.recv_consumed >= refill:
+                if conn_held or st.backlog >= refill or \
+                        st.queued >= limits.max_pending_stream_bytes:
+                    self._withheld = True
+                else:
+                    self._emit(frame_header(4, WINDOW_UPDATE, 0, sid)
+                               + st.recv_consumed.to_bytes(4, "big"))
+                    st.recv_consumed = 0
         elif not sid or sid > self._last_stream:
             raise _ConnectionError(PROTOCOL_ERROR, f"DATA on idle stream {sid}")
         return st
@@ -264,15 +272,19 @@ class H2Receiver(H2Guards):
         if self._queued >= limits.max_pending_connection_bytes or \
                 self._backlog >= limits.max_pending_connection_bytes:
             return
+        owed = False
         if self._recv_consumed >= refill:
             self._emit(frame_header(4, WINDOW_UPDATE, 0, 0) + self._recv_consumed.to_bytes(4, "big"))
             self._recv_consumed = 0
         for sid, st in self._streams.items():
-            if st.recv_consumed >= refill and st.backlog < refill and \
-                    st.queued < limits.max_pending_stream_bytes:
-                self._emit(frame_header(4, WINDOW_UPDATE, 0, sid)
-                           + st.recv_consumed.to_bytes(4, "big"))
-                st.recv_consumed = 0
+            if st.recv_consumed >= refill:
+                if st.backlog < refill and st.queued < limits.max_pending_stream_bytes:
+                    self._emit(frame_header(4, WINDOW_UPDATE, 0, sid)
+                               + st.recv_consumed.to_bytes(4, "big"))
+                    st.recv_consumed = 0
+                else:
+                    owed = True
+        self._withheld = owed
 
     def _on_headers(self, sid: int, flags: int, payload: memoryview) -> None:
         if not sid & 1:

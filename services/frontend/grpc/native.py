@@ -118,7 +118,9 @@ class _Gate:
         self._armed = False
 
     def admit(self, call: _Call) -> None:
-        if self.waiting or not self._room(call.held):
+        if self.waiting or not self._room(call.cost):
+            call.held = call.cost            # its request now waits: it holds credit back
+            self.conn.hold(call.sid, call.held)
             self.waiting.append(call)
             self._arm()
             return
@@ -142,7 +144,6 @@ class _Gate:
                                     + (self.running + 1) * self.largest <= self.limit)
 
     def _run(self, call: _Call) -> None:
-        call.cost = call.held
         self.running += 1
         self.running_bytes += call.cost
         call.run_unary()
@@ -150,7 +151,7 @@ class _Gate:
     def _pump(self) -> None:
         self._armed = False
         waiting = self.waiting
-        while waiting and (waiting[0].failed or self._room(waiting[0].held)):
+        while waiting and (waiting[0].failed or self._room(waiting[0].cost)):
             call = waiting.popleft()
             if not call.failed:          # (reset while it waited)
                 self._run(call)
@@ -193,7 +194,7 @@ class _Call:
         self.gate: _Gate | None = gate        # unary calls: set while admitted or waiting
         self.sent = 0                          # bytes of answer messages
         self.held = 0                          # bytes of requests not yet handed on
-        self.cost = 0                          # its request's bytes, while it runs
+        self.cost = 0                          # a unary call's request bytes
         self.context = context
         self.encoding = encoding
         self.head = bytearray()               # a message prefix split between pieces
@@ -303,8 +304,7 @@ class _Call:
             self.queue.put_nowait(payload)
         elif self.message is None:
             self.message = payload
-            self.held = len(payload)
-            self.conn.hold(self.sid, self.held)
+            self.cost = len(payload)
         else:
             self._fail(UNIMPLEMENTED, "more than one request message for a unary method",
                        stop_sending=True)

@@ -42,8 +42,8 @@ class NonReader:
 
     def __init__(self, c: RawClient, window: int) -> None:
         self.c = c
-        self.conn_credit = window        # the server's recv_window (preamble WINDOW_UPDATE)
-        self.initial = window            # ... and its SETTINGS_INITIAL_WINDOW_SIZE
+        self.conn_credit = 65_535        # RFC 9113's, until the server's WINDOW_UPDATE
+        self.initial = window            # the server's SETTINGS_INITIAL_WINDOW_SIZE
         self.credit: dict[int, int] = {}
         self.frames: list[tuple[int, int, int, bytes]] = []   # everything else, in order
 
