@@ -110,6 +110,7 @@ class DataPlane(ControlCalls, TraceCalls, Outbox):
             self._shm_ok = False
         self._segments = SegmentMap()
         self._housekeeper = Housekeeper(self._arena, self._segments)
+        self._handlers = self._handler_table()
         self._tick: asyncio.TimerHandle | None = None
         self.result_addr = settings.result_addr
 
@@ -208,36 +209,57 @@ class DataPlane(ControlCalls, TraceCalls, Outbox):
 
     def _on_message(self, parts: list[Any]) -> None:
         msg, frames = m.decode(parts)
-        if isinstance(msg, (m.InferResult, m.InferResults)):
-            # InferResults: one batch's results for this frontend, sharing the frames.
-            for r in (msg,) if isinstance(msg, m.InferResult) else msg.results:
-                if not r.stream:
-                    self._deliver(r, frames)
-                elif r.req_id in self._inflight:
-                    self._deliver_in_order(r, frames)
-                else:   # not ours (an earlier process's, or answered already): no order slot
-                    self._drop(r, frames)
-        elif isinstance(msg, (m.ModelInfo, m.Index, m.ControlDone, m.Stats,
-                              m.ShmRegions, m.LogSettings, m.TraceSettings, m.MetricsText)):
-            fut = self._pending.pop(msg.ctl_id, None)   # (_call put a Future there)
-            if isinstance(fut, asyncio.Future) and not fut.done():
-                fut.set_result(msg)
-        elif isinstance(msg, m.TraceLevels):   # which requests to mark as traceable
-            self._on_trace_levels(msg)
-        elif isinstance(msg, m.LogSettingsChanged):
-            logsettings.apply(msg.settings)
-        elif isinstance(msg, m.RepositoryChanged):
-            self._generation += 1
-            self._scheduler_ready = msg.server_ready
-            for pid in msg.dead_pids:
-                self._segments.forget_owner(pid)
-            if msg.models:
-                for name in msg.models:
-                    self._models.pop(name, None)
-                    self._configs.pop(name, None)
-            else:
-                self._models.clear()
-                self._configs.clear()
+        handler = self._handlers.get(type(msg))
+        if handler is None:
+            log.warning("dropped a %s from the scheduler: not a message for a frontend",
+                        type(msg).__name__)
+            return
+        handler(msg, frames)
+
+    def _handler_table(self) -> dict[type, Callable[[Any, list[Any]], None]]:
+        """What the scheduler (and workers, on the result socket) send: the one table."""
+        answer = self._on_answer
+        return {
+            m.InferResult: self._on_results, m.InferResults: self._on_results,
+            m.ModelInfo: answer, m.Index: answer, m.ControlDone: answer, m.Stats: answer,
+            m.ShmRegions: answer, m.LogSettings: answer, m.TraceSettings: answer,
+            m.MetricsText: answer,
+            m.TraceLevels: lambda msg, frames: self._on_trace_levels(msg),
+            m.LogSettingsChanged: self._on_log_settings,
+            m.RepositoryChanged: self._on_repository_changed,
+        }
+
+    def _on_results(self, msg: m.InferResult | m.InferResults, frames: list[Any]) -> None:
+        # InferResults: one batch's results for this frontend, sharing the frames.
+        for r in (msg,) if type(msg) is m.InferResult else msg.results:  # type: ignore[union-attr]
+            if not r.stream:
+                self._deliver(r, frames)
+            elif r.req_id in self._inflight:
+                self._deliver_in_order(r, frames)
+            else:   # not ours (an earlier process's, or answered already): no order slot
+                self._drop(r, frames)
+
+    def _on_answer(self, msg: Any, frames: list[Any]) -> None:
+        """A control call's answer: to the Future _call left for its ctl_id."""
+        fut = self._pending.pop(msg.ctl_id, None)
+        if isinstance(fut, asyncio.Future) and not fut.done():
+            fut.set_result(msg)
+
+    def _on_log_settings(self, msg: m.LogSettingsChanged, frames: list[Any]) -> None:
+        logsettings.apply(msg.settings)
+
+    def _on_repository_changed(self, msg: m.RepositoryChanged, frames: list[Any]) -> None:
+        self._generation += 1
+        self._scheduler_ready = msg.server_ready
+        for pid in msg.dead_pids:
+            self._segments.forget_owner(pid)
+        if msg.models:
+            for name in msg.models:
+                self._models.pop(name, None)
+                self._configs.pop(name, None)
+        else:
+            self._models.clear()
+            self._configs.clear()
 
     def _deliver(self, msg: m.InferResult, frames: list[Any]) -> None:
         if msg.final:   # the worker is done with the inputs (a result) or never had them

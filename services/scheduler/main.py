@@ -17,7 +17,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -133,6 +133,7 @@ class Scheduler(ControlSide, WorkerSide):
         # Triton's batching test hook: each batcher holds requests until this many are queued.
         self.delay_count = int(os.environ.get("TRITONSERVER_DELAY_SCHEDULER", "0") or 0)
         self.ready = False
+        self._frontend_handlers = self._frontend_table()
         self._spawning: dict[str, tuple[asyncio.Future, asyncio.Future]] = {}
         self._probes: dict[int, asyncio.Future] = {}
         self._probe_ids = itertools.count(1)
@@ -239,62 +240,95 @@ class Scheduler(ControlSide, WorkerSide):
 
     def _on_frontend(self, identity: bytes, parts: list[Any]) -> None:
         msg, frames = m.decode(parts)
-        if isinstance(msg, m.InferRequest):
-            self._infer_one(identity, msg, frames)
-        elif isinstance(msg, m.InferRequests):   # they share `frames` (indexes count over it)
-            for req in msg.requests:
-                self._infer_one(identity, req, frames)
-        elif isinstance(msg, m.ReleaseBlocks):
-            inst = self._by_pid.get(msg.owner_pid)
-            if inst is not None:
-                self._send_worker(inst.worker_id, m.ReleaseOutputs(msg.blocks))
-        elif isinstance(msg, m.GetModelInfo):
-            # The cached ModelInfo is shared: answer with a copy carrying this ctl_id.
-            info = self.models.info(msg.model)
-            if not self.ready and (info.error is not None or ModelState.READY not in
-                                   info.versions.values()):
-                # Starting (or restarted): nothing is "unknown" or "unavailable" for good yet.
-                err = still_loading(msg.model)
-                info = m.ModelInfo(0, msg.model, error=m.ErrorRecord(int(err.code), err.message))
-            self._send_frontend(identity, msgspec.structs.replace(
-                info, ctl_id=msg.ctl_id, shm=self._shares_memory(identity, msg.model)))
-        elif isinstance(msg, m.GetStats):
-            self._send_frontend(identity, self._statistics(msg))
-        elif isinstance(msg, m.CheckReady):
-            asyncio.get_running_loop().create_task(self._check_ready(identity, msg))
-        elif isinstance(msg, m.GetIndex):
-            self._send_frontend(identity, m.Index(msg.ctl_id, self.models.index(msg.ready_only)))
-        elif isinstance(msg, (m.LoadModelRequest, m.UnloadModelRequest)):
+        handler = self._frontend_handlers.get(type(msg))
+        if handler is None:
+            log.warning("dropped a %s from frontend %r: not a message frontends send",
+                        type(msg).__name__, identity)
+            return
+        handler(identity, msg, frames)
+
+    def _frontend_table(self) -> dict[type, Callable[[bytes, Any, list[Any]], None]]:
+        """What a frontend sends, and who handles it: the frontend socket's one table."""
+        def control(identity: bytes, msg: Any, frames: list[Any]) -> None:
             asyncio.get_running_loop().create_task(self._control(identity, msg))
-        elif isinstance(msg, m.Cancel):
-            self._cancel(identity, msg)
-        elif isinstance(msg, (m.ShmRegister, m.ShmUnregister, m.ShmStatus)):
+
+        def check_ready(identity: bytes, msg: m.CheckReady, frames: list[Any]) -> None:
+            asyncio.get_running_loop().create_task(self._check_ready(identity, msg))
+
+        def regions(identity: bytes, msg: Any, frames: list[Any]) -> None:
             reply, forget = self.regions.answer(msg)
             self._forget_regions(forget)
             self._send_frontend(identity, reply)
-        elif isinstance(msg, (m.GetLogSettings, m.SetLogSettings)):
+
+        def log_settings(identity: bytes, msg: Any, frames: list[Any]) -> None:
             settings = logsettings.answer(msg)
             if isinstance(msg, m.SetLogSettings) and settings.error is None:
                 self._log_settings_changed()   # (before the answer: the asker has them then)
             self._send_frontend(identity, settings)
-        elif isinstance(msg, m.FrontendHello):
-            self.frontends.add(identity)
-            self._frontend_domains[identity] = msg.shm_domain
-            if msg.result_addr:
-                self._routes[msg.result_addr] = identity
-            self._requests_from[identity] = [msg.result_addr or repr(identity), 0]
-            self._send_frontend(identity, m.RepositoryChanged([], self.server_ready()))
-            self._send_frontend(identity, logsettings.changed())
-            self.traces.hello(identity)   # which requests to mark as traceable
-        elif isinstance(msg, m.TraceSettingsRequest):
-            entry = self.models.lookup(msg.model) if msg.model else None
-            self._send_frontend(identity, self.traces.answer(
-                msg, entry is not None and entry.ready_version(0) is not None))
-        elif isinstance(msg, m.TraceRecord):
-            self.traces.record(msg)
-        elif isinstance(msg, m.GetMetrics):
-            text = self.metrics.render() if self.settings.allow_metrics else ""
-            self._send_frontend(identity, m.MetricsText(msg.ctl_id, text))
+
+        return {
+            m.InferRequest: self._infer_one,
+            m.InferRequests: self._on_infer_requests,
+            m.ReleaseBlocks: self._on_release_blocks,
+            m.GetModelInfo: self._on_model_info,
+            m.GetStats: lambda identity, msg, frames:
+                self._send_frontend(identity, self._statistics(msg)),
+            m.CheckReady: check_ready,
+            m.GetIndex: lambda identity, msg, frames: self._send_frontend(
+                identity, m.Index(msg.ctl_id, self.models.index(msg.ready_only))),
+            m.LoadModelRequest: control,
+            m.UnloadModelRequest: control,
+            m.Cancel: lambda identity, msg, frames: self._cancel(identity, msg),
+            m.ShmRegister: regions,
+            m.ShmUnregister: regions,
+            m.ShmStatus: regions,
+            m.GetLogSettings: log_settings,
+            m.SetLogSettings: log_settings,
+            m.FrontendHello: self._on_hello,
+            m.TraceSettingsRequest: self._on_trace_settings,
+            m.TraceRecord: lambda identity, msg, frames: self.traces.record(msg),
+            m.GetMetrics: lambda identity, msg, frames: self._send_frontend(
+                identity, m.MetricsText(msg.ctl_id, self.metrics.render()
+                                        if self.settings.allow_metrics else "")),
+        }
+
+    def _on_infer_requests(self, identity: bytes, msg: m.InferRequests,
+                           frames: list[Any]) -> None:
+        for req in msg.requests:   # they share `frames` (indexes count over it)
+            self._infer_one(identity, req, frames)
+
+    def _on_release_blocks(self, identity: bytes, msg: m.ReleaseBlocks,
+                           frames: list[Any]) -> None:
+        inst = self._by_pid.get(msg.owner_pid)
+        if inst is not None:
+            self._send_worker(inst.worker_id, m.ReleaseOutputs(msg.blocks))
+
+    def _on_model_info(self, identity: bytes, msg: m.GetModelInfo, frames: list[Any]) -> None:
+        # The cached ModelInfo is shared: answer with a copy carrying this ctl_id.
+        info = self.models.info(msg.model)
+        if not self.ready and (info.error is not None or ModelState.READY not in
+                               info.versions.values()):
+            # Starting (or restarted): nothing is "unknown" or "unavailable" for good yet.
+            err = still_loading(msg.model)
+            info = m.ModelInfo(0, msg.model, error=m.ErrorRecord(int(err.code), err.message))
+        self._send_frontend(identity, msgspec.structs.replace(
+            info, ctl_id=msg.ctl_id, shm=self._shares_memory(identity, msg.model)))
+
+    def _on_hello(self, identity: bytes, msg: m.FrontendHello, frames: list[Any]) -> None:
+        self.frontends.add(identity)
+        self._frontend_domains[identity] = msg.shm_domain
+        if msg.result_addr:
+            self._routes[msg.result_addr] = identity
+        self._requests_from[identity] = [msg.result_addr or repr(identity), 0]
+        self._send_frontend(identity, m.RepositoryChanged([], self.server_ready()))
+        self._send_frontend(identity, logsettings.changed())
+        self.traces.hello(identity)   # which requests to mark as traceable
+
+    def _on_trace_settings(self, identity: bytes, msg: m.TraceSettingsRequest,
+                           frames: list[Any]) -> None:
+        entry = self.models.lookup(msg.model) if msg.model else None
+        self._send_frontend(identity, self.traces.answer(
+            msg, entry is not None and entry.ready_version(0) is not None))
 
     def _shares_memory(self, identity: bytes, model: str) -> bool:
         """Whether every instance of ``model`` can map this frontend's segments: then it

@@ -155,3 +155,18 @@ def test_a_caller_gone_during_a_model_info_fetch_fails_no_other_caller(tmp_path)
             assert not dp._pending and not dp._info_waiters
 
     asyncio.run(run())
+
+
+def test_a_message_no_frontend_handles_is_dropped_and_logged(tmp_path, caplog):
+    """The data plane's socket dispatches through one table; anything else is logged, and
+    the connection goes on serving."""
+    async def run():
+        async with plane(tmp_path) as (sched, dp):
+            with caplog.at_level("WARNING", logger="trireme.dataplane"):
+                sched.send(m.WorkerReady("w0", 1))
+                await until(lambda: "dropped a WorkerReady from the scheduler" in caplog.text,
+                            what="the dropped message to be logged")
+            call = asyncio.ensure_future(dp.model_metadata("m", ""))
+            assert (await call)["name"] == "m"
+
+    asyncio.run(run())
