@@ -22,6 +22,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -99,6 +100,7 @@ class Worker(ResultSender):
         # 1. announce ourselves; 2. serve messages until Shutdown or a signal.
         self.sock.send(m.encode(m.WorkerReady(self.worker_id, os.getpid(), self.domain)))
         self.start_housekeeping()
+        handlers = self._handler_table()
         while self.running:
             try:
                 parts = self.sock.recv()
@@ -106,21 +108,31 @@ class Worker(ResultSender):
                 log.warning("%s; exiting", e)
                 return
             msg, frames = m.decode(parts, for_worker=True)
-            if isinstance(msg, m.ExecuteBatch):
-                self.housekeeper.busy = True
-                self.execute(msg, frames)
-            elif isinstance(msg, m.ReleaseOutputs):
-                self.release(msg.blocks)
-            elif isinstance(msg, m.ForgetRegions):
-                self.regions.forget(msg.keys)
-            elif isinstance(msg, m.ProbeReady):
-                self.probe(msg)
-            elif isinstance(msg, m.LoadModel):
-                self.load(msg)
-            elif isinstance(msg, m.LogSettingsChanged):
-                logsettings.apply(msg.settings)
-            elif isinstance(msg, m.Shutdown):
-                self.running = False
+            handler = handlers.get(type(msg))
+            if handler is None:
+                log.warning("dropped a %s from the scheduler: not a message for a worker",
+                            type(msg).__name__)
+                continue
+            handler(msg, frames)
+
+    def _handler_table(self) -> dict[type, Callable[[Any, list[Any]], Any]]:
+        """What the scheduler sends a worker, and who handles it: the socket's one table."""
+        def execute(msg: m.ExecuteBatch, frames: list[Any]) -> None:
+            self.housekeeper.busy = True
+            self.execute(msg, frames)
+
+        def shutdown(msg: m.Shutdown, frames: list[Any]) -> None:
+            self.running = False
+
+        return {
+            m.ExecuteBatch: execute,
+            m.ReleaseOutputs: lambda msg, frames: self.release(msg.blocks),
+            m.ForgetRegions: lambda msg, frames: self.regions.forget(msg.keys),
+            m.ProbeReady: lambda msg, frames: self.probe(msg),
+            m.LoadModel: lambda msg, frames: self.load(msg),
+            m.LogSettingsChanged: lambda msg, frames: logsettings.apply(msg.settings),
+            m.Shutdown: shutdown,
+        }
 
     def start_housekeeping(self, period: float = shm.HOUSEKEEPING_S) -> threading.Thread:
         def tick() -> None:
