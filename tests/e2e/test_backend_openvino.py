@@ -177,17 +177,27 @@ def test_integer_bool_fp16_exact(server, repo):
         np.testing.assert_array_equal(got[name], value)
 
 
+def _static_batch_tolerance() -> dict[str, float]:
+    """A batch of 4 against rows of 1: where OpenVINO's CPU plugin computes in bfloat16 by
+    default (CPUs with avx512_bf16 or AMX, unless the model sets a precision: Triton's
+    backend only has HINT_BF16 to ask for it), the two shapes take different kernels and
+    round differently, by up to bfloat16's 3 significant digits through the MLP's layers."""
+    import openvino as ov
+    if ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT") == ov.Type.bf16:
+        return {"rtol": 5e-2, "atol": 2e-2}
+    return {"rtol": 1e-5, "atol": 1e-6}
+
+
 def test_static_batch_padding(server, repo):
     """SKIP_OV_DYNAMIC_BATCHSIZE keeps Triton's static batch of max_batch_size (4):
     ENABLE_BATCH_PADDING pads a smaller batch; without it the batch fails with Triton's text."""
+    tol = _static_batch_tolerance()
     x = np.random.default_rng(3).standard_normal((3, WIDTH), dtype=np.float32)
     got = infer(server, "padded", {"INPUT0": x})["OUTPUT0"]
-    np.testing.assert_allclose(got, per_row(repo / "padded" / "1" / "model.xml", x),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, per_row(repo / "padded" / "1" / "model.xml", x), **tol)
     x4 = np.concatenate([x, x[:1]])
     np.testing.assert_allclose(infer(server, "fixed", {"INPUT0": x4})["OUTPUT0"],
-                               per_row(repo / "fixed" / "1" / "model.xml", x4),
-                               rtol=1e-5, atol=1e-6)
+                               per_row(repo / "fixed" / "1" / "model.xml", x4), **tol)
     with pytest.raises(InferenceServerException) as e:
         infer(server, "fixed", {"INPUT0": x[:2]})
     assert e.value.status() == "500"
