@@ -83,7 +83,8 @@ def _shape_tensors(inputs: list[m.TensorRef], frames: list[Any],
 
 
 class VersionQueue:
-    """The batcher + idle instances of one loaded model version."""
+    """The batcher + idle instances of one loaded model version (a SchedulingQueue:
+    queues.py)."""
 
     def __init__(self, model: str, version: int, config: BatcherConfig,
                  send_batch: Callable[[Instance, m.ExecuteBatch, list[Any]], None],

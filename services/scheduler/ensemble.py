@@ -20,12 +20,14 @@ import collections
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from services.common import messages as m
 from services.common.errors import CANCELLED_TEXT, Code
+from services.scheduler.dispatch import Instance
 
 log = logging.getLogger("trireme.ensemble")
 
@@ -53,7 +55,8 @@ class Run:
 
 
 class EnsembleQueue:
-    """Implements the part of VersionQueue's interface the scheduler uses."""
+    """A SchedulingQueue (queues.py) with no instances of its own: its requests run as
+    steps on their models' queues."""
 
     def __init__(self, model: str, version: int, cfg: Any, order: list[int],
                  submit: Callable[..., None], respond: Callable[[Any, m.InferResult, list], None],
@@ -64,8 +67,8 @@ class EnsembleQueue:
         self.outputs = [o.name for o in cfg.output]
         self.max_inflight = cfg.ensemble_scheduling.max_inflight_requests or 0
         self.submit, self.respond, self.fail, self.release = submit, respond, fail, release
-        self.instances: dict[str, Any] = {}
-        self.idle: list[Any] = []
+        # (never one: lifecycle.py starts no instance for an ensemble)
+        self.instances: Mapping[str, Instance] = MappingProxyType({})
         self.runs: dict[int, tuple[Run, Branch, Any]] = {}   # step request id -> where it runs
         self.decoupled = cfg.model_transaction_policy.decoupled
         self._streaming: set[str] = set()         # step models seen answering more than once
@@ -80,7 +83,7 @@ class EnsembleQueue:
         if stats is not None:   # pending: the step requests max_inflight_requests holds back
             stats.batcher = _Deferred(self.deferred)
 
-    # ------------------------------------------------------------------ VersionQueue's part
+    # ------------------------------------------------------------------ SchedulingQueue
     @property
     def busy(self) -> bool:
         return bool(self.active)
@@ -98,14 +101,17 @@ class EnsembleQueue:
         for run in list(self.active):
             self._finish(run, error=(code, message))
 
-    def worker_died(self, *args: Any) -> None:     # (no instances of its own)
-        pass
+    def add_instance(self, inst: Instance) -> None:
+        raise TypeError(f"ensemble '{self.model}' runs on its steps' instances, not on "
+                        f"{inst.name}")
 
-    def add_instance(self, inst: Any) -> None:
-        pass
+    def worker_died(self, inst: Instance, why: str, code: int = Code.INTERNAL) -> None:
+        """Nothing to fail: no worker holds a request of this queue (a step's worker holds
+        the step, whose error comes back to step_result)."""
 
-    def remove_instance(self, inst: Any) -> None:
-        pass
+    def batch_done(self, inst: Instance, batch_id: int) -> None:
+        """Nothing to free: no batch of this queue runs on a worker (a step's batch is its
+        model's queue's)."""
 
     # ------------------------------------------------------------------ steps
     def _needed(self, outputs: list[str]) -> frozenset[int]:

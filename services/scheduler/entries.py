@@ -13,7 +13,8 @@ from services.common import messages as m
 from services.common.datatypes import config_to_api
 from services.common.repository import model_key
 from services.common.states import ModelState
-from services.scheduler.dispatch import Instance, VersionQueue
+from services.scheduler.dispatch import Instance
+from services.scheduler.queues import SchedulingQueue
 
 READY, LOADING, UNAVAILABLE, UNLOADING = (ModelState.READY, ModelState.LOADING,
                                           ModelState.UNAVAILABLE, ModelState.UNLOADING)
@@ -24,7 +25,7 @@ class VersionState:
     version: int
     state: ModelState = LOADING
     reason: str = ""
-    queue: VersionQueue | None = None
+    queue: SchedulingQueue | None = None
 
 
 @dataclass

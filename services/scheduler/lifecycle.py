@@ -43,6 +43,7 @@ from services.scheduler.ensemble_config import (
 )
 from services.scheduler.entries import READY, UNAVAILABLE, UNLOADING, ModelEntry, VersionState, model_info
 from services.scheduler.namespaces import ModelNames
+from services.scheduler.queues import SchedulingQueue
 from services.scheduler.recovery import InstanceRecovery
 from services.scheduler.retirement import Retirement, drop_override
 from services.scheduler.watchdog import Watchdog, execution_limit
@@ -61,7 +62,8 @@ class ModelManager(InstanceRecovery, ModelNames, Retirement):
     """Owns every ModelEntry; the Scheduler gives it the process and messaging hooks."""
 
     def __init__(self, repositories: list[Path], *, spawn_instance: Callable, stop_instance: Callable,
-                 make_queue: Callable, changed: Callable[[list[str]], None],
+                 make_queue: Callable[[str, int, Any], SchedulingQueue],
+                 changed: Callable[[list[str]], None],
                  config_name: str | None = None, disable_autocomplete: bool = False,
                  limiter: Any = None, restart_backoff_s: float = RESTART_BACKOFF_S,
                  execution_timeout_s: float = 0.0, unload_timeout_s: float = UNLOAD_TIMEOUT_S,
@@ -78,7 +80,7 @@ class ModelManager(InstanceRecovery, ModelNames, Retirement):
         # async (Instance, config bytes, model_dir, autocomplete) -> mc.ModelConfig
         self.spawn_instance = spawn_instance
         self.stop_instance = stop_instance        # async (Instance) -> None
-        self.make_queue = make_queue              # (model key, version, completed config) -> VersionQueue
+        self.make_queue = make_queue              # (model key, version, completed config) -> queue
         # (keys in, names out: frontends know models by name)
         self.changed = changed if not namespacing else (
             lambda keys: changed(list(dict.fromkeys(self.split_key(k)[0] for k in keys))))

@@ -43,6 +43,7 @@ from services.scheduler.ensemble_config import step_order
 from services.scheduler.hosts import Hosts, LocalHost
 from services.scheduler.lifecycle import ModelManager
 from services.scheduler.metrics import Metrics
+from services.scheduler.queues import SchedulingQueue
 from services.scheduler.rate_limiter import RateLimiter
 from services.scheduler.sequence import SequenceConfig, SequenceQueue
 from services.scheduler.shm_regions import Registry
@@ -430,12 +431,12 @@ class Scheduler(ControlSide, WorkerSide):
                 if inst.cancellable and not self.wsock.send(channel, fwd):
                     log.debug("cannot reach the cancel channel of %s", inst.worker_id)
 
-    def _make_queue(self, model: str, version: int, config: Any) -> VersionQueue:
+    def _make_queue(self, model: str, version: int, config: Any) -> SchedulingQueue:
         args = (model, version, BatcherConfig.from_model_config(config, self.delay_count),
                 self._send_batch, self._fail, asyncio.get_running_loop().call_later, self.limiter)
         stats = self.stats.fresh(model, version, config)
         if config.HasField("ensemble_scheduling"):
-            return EnsembleQueue(model, version, config, step_order(config), self._submit_step,  # type: ignore[return-value]
+            return EnsembleQueue(model, version, config, step_order(config), self._submit_step,
                                  self._respond, self._fail, self._release_blocks, stats)
         if config.HasField("sequence_batching"):
             return SequenceQueue(*args, stats=stats,

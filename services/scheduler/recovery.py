@@ -23,9 +23,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from services.common.errors import Code, TriremeError, not_ready_text
-from services.scheduler.dispatch import Instance, VersionQueue
+from services.scheduler.dispatch import Instance
 from services.scheduler.entries import LOADING, READY, UNAVAILABLE, ModelEntry, VersionState
 from services.scheduler.hosts import NoWorkerHost
+from services.scheduler.queues import SchedulingQueue
 from services.scheduler.watchdog import execution_timeout_text
 
 log = logging.getLogger("trireme.models")
@@ -74,7 +75,7 @@ class InstanceRecovery:
                 return e
         return self.models.get(inst.model)
 
-    def _execution_timed_out(self, queue: VersionQueue, inst: Instance, limit_s: float) -> None:
+    def _execution_timed_out(self, queue: SchedulingQueue, inst: Instance, limit_s: float) -> None:
         """The watchdog caught ``inst`` in one execution longer than ``limit_s``: kill it,
         fail what it held (UNAVAILABLE, naming the limit). Its exit restarts it
         (instance_exited); until then a version left with no live instance is LOADING,

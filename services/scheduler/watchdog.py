@@ -24,7 +24,8 @@ from collections.abc import Callable
 from typing import Any
 
 from services.common.errors import invalid_arg
-from services.scheduler.dispatch import Instance, VersionQueue
+from services.scheduler.dispatch import Instance
+from services.scheduler.queues import SchedulingQueue
 
 PARAMETER = "execution_timeout_secs"
 MAX_PERIOD_S = 0.25
@@ -76,13 +77,13 @@ class Watchdog:
     ``call_later`` and ``clock`` (nanoseconds, the queues' clock) are injectable: the unit
     tests drive sweep() with a fake clock and no event loop."""
 
-    def __init__(self, expired: Callable[[VersionQueue, Instance, float], None],
+    def __init__(self, expired: Callable[[SchedulingQueue, Instance, float], None],
                  call_later: Callable[[float, Callable[[], None]], Any] | None = None,
                  clock: Callable[[], int] = time.monotonic_ns) -> None:
         self.expired = expired
         self._call_later = call_later
         self.clock = clock
-        self.watched: dict[VersionQueue, float] = {}   # queue -> its limit in seconds
+        self.watched: dict[SchedulingQueue, float] = {}   # queue -> its limit in seconds
         self._timer: Any = None
 
     @property
@@ -91,13 +92,13 @@ class Watchdog:
             return MAX_PERIOD_S
         return min(MAX_PERIOD_S, max(MIN_PERIOD_S, min(self.watched.values()) / 8))
 
-    def watch(self, queue: VersionQueue, limit_s: float) -> None:
+    def watch(self, queue: SchedulingQueue, limit_s: float) -> None:
         if limit_s <= 0:
             return
         self.watched[queue] = limit_s
         self._arm()   # (again: a smaller limit sweeps more often)
 
-    def unwatch(self, queue: VersionQueue) -> None:
+    def unwatch(self, queue: SchedulingQueue) -> None:
         if self.watched.pop(queue, None) is not None and not self.watched:
             self._disarm()
 
@@ -108,7 +109,7 @@ class Watchdog:
     def sweep(self) -> list[tuple[Instance, float]]:
         """One pass: every instance over its limit, handed to ``expired``. Returns them."""
         now = self.clock()
-        caught: list[tuple[VersionQueue, Instance, float]] = []
+        caught: list[tuple[SchedulingQueue, Instance, float]] = []
         for queue, limit_s in self.watched.items():
             limit_ns = int(limit_s * 1e9)
             for inst in queue.instances.values():
