@@ -341,11 +341,16 @@ def request_from_proto(msg: pb.ModelInferRequest,
     if raw is None:
         raw = list(msg.raw_input_contents)
     model = msg.model_name
-    _check_request_params(msg.parameters)
+    # Empty parameter maps (most requests) skip their checks: each look into a map costs
+    # about as much as reading it whole, a third of this function on a small request.
+    request_params = msg.parameters
+    if request_params:
+        _check_request_params(request_params)
     inputs: list[InputTensor] = []
     index = 0
     for inp in msg.inputs:
-        has_shm = _check_shm_params(inp.name, inp.parameters)
+        params = inp.parameters
+        has_shm = _check_shm_params(inp.name, params) if params else False
         has_contents = inp.HasField("contents")
         data: Any
         if has_shm:
@@ -364,17 +369,22 @@ def request_from_proto(msg: pb.ModelInferRequest,
         else:
             raise invalid_arg(f"unable to find data for input tensor '{inp.name}' for model "
                               f"'{model}' in request.")
-        inputs.append(InputTensor(name=inp.name, datatype=inp.datatype, shape=list(inp.shape),
-                                  data=data, parameters=params_from_proto(inp.parameters)))
+        # (a slice of a repeated field is a list, at half the cost of list())
+        inputs.append(InputTensor(name=inp.name, datatype=inp.datatype, shape=inp.shape[:],
+                                  data=data,
+                                  parameters=params_from_proto(params) if params else {}))
     outputs: list[RequestedOutput] | None = None
     if len(msg.outputs):
         outputs = []
         for out in msg.outputs:
-            _check_output_params(out)
-            outputs.append(RequestedOutput(name=out.name,
-                                           parameters=params_from_proto(out.parameters)))
+            params = out.parameters
+            if params:
+                _check_output_params(out)
+            outputs.append(RequestedOutput(name=out.name, parameters=params_from_proto(params)
+                                           if params else {}))
     return CoreRequest(model=model, version=msg.model_version, id=msg.id, inputs=inputs,
-                       outputs=outputs, parameters=params_from_proto(msg.parameters))
+                       outputs=outputs, parameters=params_from_proto(request_params)
+                       if request_params else {})
 
 
 # ---- CoreResponse -> ModelInferResponse / ModelStreamInferResponse bytes -----------------
