@@ -26,6 +26,7 @@ class Outbox:
     """DataPlane's sending side: turn batching, the encode fallback, cancels."""
 
     result_addr: str
+    _loop: asyncio.AbstractEventLoop
     _sched: transport.Connection
     _outbox: list[tuple[m.InferRequest, list[Any]]]
     _cancels: dict[tuple[str, int], list[int]]
@@ -38,7 +39,7 @@ class Outbox:
         """Requests made in one event-loop turn leave as one message at its end: under
         load that is one ZeroMQ send (and one scheduler receive) for many requests."""
         if not self._outbox:
-            asyncio.get_running_loop().call_soon(self._flush_outbox)
+            self._loop.call_soon(self._flush_outbox)
         self._outbox.append((msg, frames))
 
     def _flush_outbox(self) -> None:
