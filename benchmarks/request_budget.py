@@ -60,6 +60,7 @@ from services.common import shm, transport_stream  # noqa: E402
 from services.common.config import parse_pbtxt  # noqa: E402
 from services.common.procutil import tune_gc  # noqa: E402
 from services.dataplane.client import DataPlane  # noqa: E402
+from services.dataplane.outbox import Outbox  # noqa: E402
 from services.dataplane.validation import validate_infer  # noqa: E402
 from services.frontend.grpc import codec as grpc_codec  # noqa: E402
 from services.frontend.grpc.methods import rpc_methods  # noqa: E402
@@ -255,6 +256,8 @@ class Rig:
         conn = transport_stream.Connection(dp.settings.scheduler_addr, dp._on_message)
         conn._transport = FakeTransport(self._frontend_wrote)
         dp._sched = conn
+        dp._loop = self.loop                         # (what start() sets)
+        dp._outbox = Outbox(dp._send_parts, dp._deliver, self.result_addr, self.loop)
         for name in ("add_sub", ENSEMBLE):
             self.front_peer.data_received(framed(m.encode(m.GetModelInfo(next(dp._ids), name))))
             info, _ = m.decode(split(self.to_frontend))
@@ -399,14 +402,14 @@ def frontend_stages(rig: Rig, n: int, repeats: int) -> dict[str, float]:
         req_id = dp._send_request(core, info, 1, fut)
         dp._pending.pop(req_id, None)
         dp._inflight.pop(req_id, None)
-        dp._outbox.clear()
+        dp._outbox.drop()
     out["dp.send_request"] = in_loop(loop, send_request, n, repeats)
-    dp._outbox = []
+    dp._outbox.drop()
 
     def flush():
         fut = loop.create_future()
         req_id = dp._send_request(core, info, 1, fut)
-        dp._flush_outbox()
+        dp._outbox._flush_requests()
         dp._pending.pop(req_id, None)
         dp._inflight.pop(req_id, None)
     out["dp.send_request+flush"] = in_loop(loop, flush, n, repeats)
@@ -577,7 +580,7 @@ def scheduler_worker_stages(rig: Rig, n: int, repeats: int) -> dict[str, float]:
                         None, {})
     async def send_ensemble() -> None:
         dp._send_request(ecore, info_e, 1, loop.create_future())
-        dp._flush_outbox()
+        dp._outbox._flush_requests()
     loop.run_until_complete(send_ensemble())
     ens_bytes = rig.sent
     dp._pending.clear()
@@ -945,7 +948,7 @@ def tables(res: dict) -> str:
         ("frontend", "input placement (2 × 64 B: inline frames) + `InferRequest`",
          "dataplane/client.py `DataPlane._send_request`", st["dp.place"], None),
         ("frontend", "InferRequest encode + framing",
-         "dataplane/outbox.py `_flush_outbox` → messages.py `encode` → transport_stream.py `_write`",
+         "dataplane/outbox.py `Outbox._flush_requests` → messages.py `encode` → transport_stream.py `_write`",
          st["dp.flush"], None),
     ]
     sched_rows = [

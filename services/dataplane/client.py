@@ -75,7 +75,9 @@ def _output_region(p: dict[str, Any]) -> m.OutputRegion:
                           p.get("shared_memory_byte_size", 0))
 
 
-class DataPlane(ControlCalls, TraceCalls, Outbox):
+class DataPlane(ControlCalls, TraceCalls):
+    _outbox: Outbox   # how requests and cancels leave for the scheduler (made by start())
+
     def __init__(self, settings: DataPlaneSettings) -> None:
         self.settings = settings
         self.pid = os.getpid()
@@ -88,8 +90,6 @@ class DataPlane(ControlCalls, TraceCalls, Outbox):
         self._configs: dict[str, dict] = {}
         self._info_waiters: dict[str, asyncio.Task] = {}   # model -> its one fetch
         self._streams: dict[int, list[Any]] = {}      # preserve_ordering state per stream
-        self._outbox: list[tuple[m.InferRequest, list[Any]]] = []
-        self._cancels: dict[tuple[str, int], list[int]] = {}   # (model, version) -> req_ids
         self._generation = 0
         self._scheduler_ready = False
         # True until the scheduler is reached, and from a broken connection until it is
@@ -124,6 +124,7 @@ class DataPlane(ControlCalls, TraceCalls, Outbox):
                 transport.result_address, self.settings.scheduler_addr, "results")
         self._results = await transport.listen(self.result_addr, self._on_result)
         self.result_addr = self._results.address   # with the port chosen at bind
+        self._outbox = Outbox(self._send_parts, self._deliver, self.result_addr, self._loop)
         self._sched = transport.connect(self.settings.scheduler_addr, self._on_message,
                                         on_state=self._on_scheduler_state)
         try:   # (the hello goes on connect: _on_scheduler_state)
@@ -162,12 +163,15 @@ class DataPlane(ControlCalls, TraceCalls, Outbox):
     def _send(self, msg: Any, frames: Sequence[Any] = ()) -> None:
         self._sched.send(m.encode(msg, frames))
 
+    def _send_parts(self, parts: Sequence[Any]) -> None:
+        self._sched.send(parts)
+
     def _fail_waiting(self, text: str) -> None:
         """Answer everything still waiting with UNAVAILABLE ``text``: requests (a stream's
         final response included) and control calls. Requests of this turn not yet sent
         are dropped with them."""
         pending, self._pending = self._pending, {}
-        self._outbox = []
+        self._outbox.drop()
         inflight, self._inflight = self._inflight, {}
         for blocks in inflight.values():   # no answer is coming for any of them
             self._free_inputs(blocks)
@@ -234,7 +238,7 @@ class DataPlane(ControlCalls, TraceCalls, Outbox):
 
     def _on_results(self, msg: m.InferResult | m.InferResults, frames: list[Any]) -> None:
         # InferResults: one batch's results for this frontend, sharing the frames.
-        for r in (msg,) if type(msg) is m.InferResult else msg.results:  # type: ignore[union-attr]
+        for r in (msg,) if isinstance(msg, m.InferResult) else msg.results:
             if not r.stream:
                 self._deliver(r, frames)
             elif r.req_id in self._inflight:
@@ -401,7 +405,7 @@ class DataPlane(ControlCalls, TraceCalls, Outbox):
                 # answer arrives (its result, or the scheduler's CANCELLED), or were freed
                 # by one that arrived while this task was being cancelled.
                 if req_id in self._inflight:
-                    self._cancel(req_id, req.model, version)
+                    self._outbox.cancel(req_id, req.model, version)
             elif fut.exception() is None:   # the result won the race: hand its outputs back
                 self._release_refs(fut.result()[0].outputs)
             raise
@@ -452,7 +456,7 @@ class DataPlane(ControlCalls, TraceCalls, Outbox):
             if not final and req_id in self._inflight:
                 # abandoned mid-stream: cancel it; the rest is dropped as it arrives, and
                 # its final answer frees the inputs
-                self._cancel(req_id, req.model, version)
+                self._outbox.cancel(req_id, req.model, version)
 
     def _send_request(self, req: CoreRequest, info: m.ModelInfo, version: int,
                       waiter: asyncio.Future | asyncio.Queue) -> int:
@@ -501,7 +505,7 @@ class DataPlane(ControlCalls, TraceCalls, Outbox):
         self._inflight[req_id] = blocks
         # trace: 1 when its adapter traces it, should the scheduler sample it (TraceCalls)
         trace = self._trace_begin(req, version) if self.trace_on else 0
-        self._submit(m.InferRequest(req_id, self.result_addr, req.model, version, refs, outputs,
+        self._outbox.submit(m.InferRequest(req_id, self.result_addr, req.model, version, refs, outputs,
                                     req.parameters, batch_size, req.id, regions, trace), frames)
         return req_id
 

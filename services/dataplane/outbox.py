@@ -1,5 +1,5 @@
-"""How DataPlane's requests and cancels leave for the scheduler: a mixin of DataPlane
-(client.py), whose state it uses.
+"""How a data plane's requests and cancels leave for the scheduler: an object DataPlane
+(client.py) owns and hands each request and cancel to.
 
 Every request gets exactly one answer. The requests of one event-loop turn leave as one
 message; should that message fail to encode, each request is encoded alone and only those
@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from services.common import messages as m
-from services.common import transport
 from services.common.errors import Code, TriremeError, invalid_arg
 from services.dataplane.validation import parameter_range_text
 
@@ -23,27 +22,36 @@ log = logging.getLogger("trireme.dataplane")
 
 
 class Outbox:
-    """DataPlane's sending side: turn batching, the encode fallback, cancels."""
+    """The sending side of a data plane: turn batching, the encode fallback, cancels.
+    ``send`` writes encoded parts to the scheduler; ``answer`` gives a request that cannot
+    be sent its one answer (the data plane's delivery of a result); ``result_addr`` is where
+    results come back, as the cancels say."""
 
-    result_addr: str
-    _loop: asyncio.AbstractEventLoop
-    _sched: transport.Connection
-    _outbox: list[tuple[m.InferRequest, list[Any]]]
-    _cancels: dict[tuple[str, int], list[int]]
+    def __init__(self, send: Callable[[Sequence[Any]], None],
+                 answer: Callable[[m.InferResult, list[Any]], None], result_addr: str,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self._send = send
+        self._answer = answer
+        self._result_addr = result_addr
+        self._loop = loop
+        self._requests: list[tuple[m.InferRequest, list[Any]]] = []
+        self._cancels: dict[tuple[str, int], list[int]] = {}   # (model, version) -> req_ids
 
-    if TYPE_CHECKING:
-        def _send(self, msg: Any, frames: Sequence[Any] = ()) -> None: ...
-        def _deliver(self, msg: m.InferResult, frames: list[Any]) -> None: ...
-
-    def _submit(self, msg: m.InferRequest, frames: list[Any]) -> None:
+    def submit(self, msg: m.InferRequest, frames: list[Any]) -> None:
         """Requests made in one event-loop turn leave as one message at its end: under
-        load that is one ZeroMQ send (and one scheduler receive) for many requests."""
-        if not self._outbox:
-            self._loop.call_soon(self._flush_outbox)
-        self._outbox.append((msg, frames))
+        load that is one send (and one scheduler receive) for many requests."""
+        if not self._requests:
+            self._loop.call_soon(self._flush_requests)
+        self._requests.append((msg, frames))
 
-    def _flush_outbox(self) -> None:
-        box, self._outbox = self._outbox, []
+    def drop(self) -> None:
+        """The scheduler is gone: what has not left yet never will (its callers are
+        answered by the data plane)."""
+        self._requests = []
+        self._cancels = {}
+
+    def _flush_requests(self) -> None:
+        box, self._requests = self._requests, []
         if len(box) == 1:
             self._send_alone(*box[0])
             return
@@ -73,7 +81,7 @@ class Outbox:
                     base += len(own)
                 self._send_alone(msg, own)
             return
-        self._sched.send(parts)
+        self._send(parts)
 
     def _send_alone(self, msg: m.InferRequest, frames: list[Any]) -> None:
         try:
@@ -81,28 +89,28 @@ class Outbox:
         except m.ENCODE_ERRORS as e:
             err = _unsendable(msg, e)
             log.info("request %d not sent: %s", msg.req_id, err.message)
-            self._deliver(m.InferResult(msg.req_id, error=m.ErrorRecord(int(err.code), err.message)),
-                          [])
+            self._answer(m.InferResult(msg.req_id, error=m.ErrorRecord(int(err.code), err.message)),
+                         [])
             return
-        self._sched.send(parts)
+        self._send(parts)
 
-    def _cancel(self, req_id: int, model: str, version: int) -> None:
+    def cancel(self, req_id: int, model: str, version: int) -> None:
         """The caller of a request went away before its final response: the scheduler takes
         it out of its queue (answering CANCELLED) or tells its worker. Cancels of one turn
         leave together at its end, after the requests of that turn."""
         if not self._cancels:
             try:
-                asyncio.get_running_loop().call_soon(self._flush_cancels)
+                self._loop.call_soon(self._flush_cancels)
             except RuntimeError:   # a stream finalized after its loop stopped: nothing to tell
                 return
         self._cancels.setdefault((model, version), []).append(req_id)
 
     def _flush_cancels(self) -> None:
-        if self._outbox:   # a request made and cancelled in this turn leaves before its cancel
-            self._flush_outbox()
+        if self._requests:   # a request made and cancelled in this turn leaves before its cancel
+            self._flush_requests()
         cancels, self._cancels = self._cancels, {}
         for (model, version), req_ids in cancels.items():
-            self._send(m.Cancel(self.result_addr, model, version, req_ids))
+            self._send(m.encode(m.Cancel(self._result_addr, model, version, req_ids)))
 
 
 def _unsendable(msg: m.InferRequest, exc: Exception) -> TriremeError:

@@ -176,6 +176,12 @@ class H2Connection(H2Receiver):
             self._dropped(st)
             self._maybe_close()
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop this connection runs on (held: asyncio.get_running_loop() costs a
+        getpid syscall a call on 3.11)."""
+        return self._loop
+
     # -- answers waiting for the client (backpressure) ---------------------------------------
     def writable(self, sid: int) -> bool:
         """Whether stream ``sid`` may take a new request: its answers, and the connection's,

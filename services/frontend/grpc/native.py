@@ -332,7 +332,7 @@ class _Call:
         return out
 
     def _start(self, coro: Any) -> None:
-        self.task = task = self.server.loop.create_task(coro)
+        self.task = task = self.conn.loop.create_task(coro)
         self.server.calls.add(task)
         task.add_done_callback(self._done)
 
@@ -456,7 +456,6 @@ class NativeGrpcServer:
         self.max_message = limits.max_message_size
         self._connections: dict[H2Connection, _Gate] = {}
         self.calls: set[asyncio.Task] = set()
-        self.loop: asyncio.AbstractEventLoop   # (start: the loop its calls run on)
         self._server: asyncio.base_events.Server | None = None
         self.trireme_port = 0
 
@@ -464,7 +463,7 @@ class NativeGrpcServer:
         """Listen; with ``ssl`` (tls.server_context, ALPN "h2") over TLS: the TLS handshake
         and then the HTTP/2 preface and SETTINGS share one handshake timeout, and a
         connection that did not negotiate "h2" is closed (h2.TlsH2Connection)."""
-        self.loop = loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         tls: dict[str, Any] = {}
         if ssl is not None:
