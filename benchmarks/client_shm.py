@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Client system shared memory (issue 16): Trireme vs Triton 2.51, identity 4 KiB and 64 MiB.
+"""Client system shared memory: Trireme vs Triton 2.51, identity 4 KiB and 64 MiB.
 
     python benchmarks/client_shm.py [--quick] [--duration S] [--repeats 3] [--no-onnx]
                                     [--json out.json] [--keep] [--triton-sh PATH]
@@ -39,7 +39,7 @@ The in-process ceiling: numpy copies of 64 MiB in this process (heap to heap, an
 into a shared-memory mapping, which is what an identity model's output costs at least:
 its output must be written into the client's output region once).
 
-The targets (issue 16): 64 MiB through client shm at >= 10 GiB/s effective per direction;
+The targets: 64 MiB through client shm at >= 10 GiB/s effective per direction;
 a 64 MiB input and output through shm costing no more than a 4 KiB one plus the model's
 own time (here: p50(64 MiB) - p50(4 KiB) <= one 64 MiB copy into a shm mapping, the
 identity's unavoidable output write).
@@ -300,7 +300,7 @@ def main() -> int:
     signal.signal(signal.SIGHUP, _stop)
 
     cmd = "python benchmarks/client_shm.py " + " ".join(sys.argv[1:])
-    print(f"# Client system shared memory (issue 16): Trireme vs Triton 2.51\n\n"
+    print(f"# Client system shared memory: Trireme vs Triton 2.51\n\n"
           f"command: `{cmd.strip()}`  \ndate: {time.strftime('%Y-%m-%d %H:%M %Z')}\n")
     if not with_triton:
         print(f"NOTE: {args.triton_sh} not found: Trireme only (no Triton column).\n")
