@@ -34,15 +34,13 @@ from conftest import shm_segments, start_server, wait_until
 
 from protos import grpc_service_pb2 as pb
 from protos import grpc_service_pb2_grpc as pbg
+from tests.adversarial.clients import ANSWER_S, MIB, IdentityClient, N
 
-MIB = 1 << 20
-N = MIB                           # FP32 elements: 4 MiB a request
 RSS_BOUND = 64 * MIB              # as the other adversarial tests: below 16 requests' bodies
 WAVES = 5
 DEADLINE_CALLS, CANCELLED_CALLS, STREAMS, HTTP_CUT, HTTP_CLOSED = 60, 40, 8, 20, 20
 STREAM_REQUESTS = 3
 SETTLE_S = 40.0                   # idle segments go after IDLE_S 10 s + a 5 s tick or two
-ANSWER_S = 30.0
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", -1),
                    ("grpc.max_receive_message_length", -1)]
 # what an abandoned call may end with; UNAVAILABLE would be a lost connection (GOAWAY)
@@ -90,28 +88,8 @@ def _chaos_request() -> pb.ModelInferRequest:
 
 # ---- the well-behaved client ---------------------------------------------------------------
 
-class GoodClient:
-    """tritonclient on channels of its own; every answer must equal its (random) input."""
-
-    def __init__(self, srv):
-        self.grpc = grpcclient.InferenceServerClient(srv.grpc_url)
-        self.http = httpclient.InferenceServerClient(srv.http_url, network_timeout=ANSWER_S)
-        rng = np.random.default_rng(7)
-        self.data = [rng.standard_normal((1, N)).astype(np.float32) for _ in range(3)]
-        self.calls = 0
-
-    def infer(self, mod) -> None:
-        data = self.data[self.calls % len(self.data)]
-        self.calls += 1
-        inp = mod.InferInput("INPUT0", list(data.shape), "FP32")
-        if mod is grpcclient:
-            inp.set_data_from_numpy(data)
-            out = self.grpc.infer("identity", [inp], client_timeout=ANSWER_S)
-        else:
-            inp.set_data_from_numpy(data, binary_data=True)
-            out = self.http.infer("identity", [inp], outputs=[
-                httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)])
-        assert np.array_equal(out.as_numpy("OUTPUT0"), data)
+class GoodClient(IdentityClient):
+    """The identity client, over both protocols in turn."""
 
     def both(self) -> None:
         self.infer(grpcclient)
@@ -124,10 +102,6 @@ class GoodClient:
             self.infer(grpcclient)
             n += 1
         return n
-
-    def close(self) -> None:
-        self.grpc.close()
-        self.http.close()
 
 
 # ---- the clients that give up --------------------------------------------------------------

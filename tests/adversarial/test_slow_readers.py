@@ -34,32 +34,36 @@ from pathlib import Path
 import grpc
 import models
 import numpy as np
-import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from conftest import shm_segments, start_server, wait_until
+from conftest import start_server, wait_until
 from models_python import python_model
 
 from protos import grpc_service_pb2 as pb
 from protos import grpc_service_pb2_grpc as pbg
+from tests.adversarial.clients import (
+    ANSWER_S,
+    MIB,
+    QUIET_S,
+    SLACK,
+    IdentityClient,
+    N,
+    Watch,
+    quiet,
+    worker_process,
+)
 from tests.unit.frontend.h2_raw import DATA, END_STREAM, HEADERS, RST_STREAM
 from tests.unit.frontend.test_grpc_native import decode_response, grpc_message
 from tests.unit.frontend.test_h2_backpressure import NonReader
 
-MIB = 1 << 20
-N = MIB                                  # FP32 elements: 4 MiB a request
 STREAM_BOUND = 8 * MIB                   # --grpc-max-pending-stream-bytes
 CONN_BOUND = 32 * MIB                    # --grpc-max-pending-connection-bytes
 RECV_WINDOW = 16 * MIB                   # GrpcLimits.recv_window: what a client may still send
 DEFAULT_WINDOW = 65_535                  # RFC 9113's initial window
-SLACK = 64 * MIB                         # as the other adversarial tests: the allocator's noise
 BOUNDS = ("--grpc-max-pending-stream-bytes", str(STREAM_BOUND),
           "--grpc-max-pending-connection-bytes", str(CONN_BOUND))
-QUIET_S = 2.0                            # no progress this long: the slow client is stuck
 HOLD_S = 3.0                             # then the good client is served this long
-SETTLE_S = 40.0                          # idle segments go after 10 s + a 5 s tick or two
-ANSWER_S = 30.0
 # grpc python shares a connection between channels with the same arguments: a local
 # subchannel pool keeps each of these channels on a connection of its own
 OWN_CONNECTION = [("grpc.max_send_message_length", -1),
@@ -189,30 +193,8 @@ def _progress(repo: Path, model: str, tag: str):
 
 # ---- the well-behaved client ---------------------------------------------------------------
 
-class GoodClient:
-    """tritonclient on connections of its own (and decoupled streams read to their end):
-    every answer must be exact."""
-
-    def __init__(self, srv):
-        self.srv = srv
-        self.grpc = grpcclient.InferenceServerClient(srv.grpc_url)
-        self.http = httpclient.InferenceServerClient(srv.http_url, network_timeout=ANSWER_S)
-        rng = np.random.default_rng(7)
-        self.data = [rng.standard_normal((1, N)).astype(np.float32) for _ in range(3)]
-        self.calls = 0
-
-    def infer(self, mod) -> None:
-        data = self.data[self.calls % len(self.data)]
-        self.calls += 1
-        inp = mod.InferInput("INPUT0", list(data.shape), "FP32")
-        if mod is grpcclient:
-            inp.set_data_from_numpy(data)
-            out = self.grpc.infer("identity", [inp], client_timeout=ANSWER_S)
-        else:
-            inp.set_data_from_numpy(data, binary_data=True)
-            out = self.http.infer("identity", [inp], outputs=[
-                httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)])
-        assert np.array_equal(out.as_numpy("OUTPUT0"), data)
+class GoodClient(IdentityClient):
+    """The identity client, and decoupled streams and generate_streams read to their end."""
 
     def burst(self, count: int = 8) -> None:
         """A decoupled stream of ``count`` responses, read to its end."""
@@ -248,10 +230,6 @@ class GoodClient:
             n += 1
         return n
 
-    def close(self) -> None:
-        self.grpc.close()
-        self.http.close()
-
 
 def warmed_up(srv, *also) -> GoodClient:
     """A good client whose first calls (and ``also``'s) have settled the frontend's arena
@@ -267,90 +245,8 @@ def warmed_up(srv, *also) -> GoodClient:
 
 # ---- what the server holds -----------------------------------------------------------------
 
-class Watch:
-    """The RSS of the frontend (and of ``others``: a worker), sampled every 50 ms in a
-    thread from the baseline until the slow client has left; the server's /dev/shm
-    segments at the baseline."""
-
-    def __init__(self, srv, others: dict[str, psutil.Process] | None = None):
-        self.srv = srv
-        self.fe = srv.frontend()
-        self.procs = {"frontend": self.fe, **(others or {})}
-        self.peak = dict.fromkeys(self.procs, 0)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def rss(self) -> dict[str, int]:
-        return {k: p.memory_info().rss for k, p in self.procs.items()}
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            for k, v in self.rss().items():
-                self.peak[k] = max(self.peak[k], v)
-            self._stop.wait(0.05)
-
-    def __enter__(self) -> Watch:
-        self.base = self.rss()
-        self.shm = len(shm_segments(self.srv.family()))
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def growth(self, what: str = "frontend") -> int:
-        return self.peak[what] - self.base[what]
-
-    def figures(self) -> str:
-        return "; ".join(f"{k}: baseline {self.base[k] / MIB:.0f} MiB, peak growth "
-                         f"{self.growth(k) / MIB:.0f} MiB" for k in self.procs)
-
-    def given_back(self) -> str:
-        """Wait until the frontend's RSS is back within SLACK of its baseline and the
-        server's /dev/shm segments are back to their count; the figures then."""
-        def back() -> bool:
-            return (self.fe.memory_info().rss <= self.base["frontend"] + SLACK
-                    and len(shm_segments(self.srv.family())) <= self.shm)
-        t0 = time.monotonic()
-        try:
-            wait_until(back, SETTLE_S, "what the slow client held to be given back", interval=0.25)
-        except TimeoutError:
-            pytest.fail(f"not given back within {SETTLE_S:.0f} s: frontend RSS "
-                        f"{self.fe.memory_info().rss / MIB:.0f} MiB, /dev/shm "
-                        f"{sorted(shm_segments(self.srv.family()))} vs {self.shm} segments; "
-                        f"{self.figures()}")
-        now = self.rss()
-        return (f"given back within {time.monotonic() - t0:.1f} s: "
-                + ", ".join(f"{k} {now[k] / MIB:.0f} MiB" for k in now))
-
-
-def quiet(progress, what: str, timeout: float = ANSWER_S) -> int:
-    """Wait until ``progress()`` has not changed for QUIET_S; its value then."""
-    last = [progress(), time.monotonic()]
-
-    def still() -> bool:
-        v = progress()
-        if v != last[0]:
-            last[:] = [v, time.monotonic()]
-        return time.monotonic() - last[1] >= QUIET_S
-    wait_until(still, timeout, what, interval=0.1)
-    return last[0]
-
-
 def report(case: str, w: Watch, after: str, extra: str) -> None:
     print(f"\n{case}: {w.figures()}; {extra}; {after}")   # (shown with -s)
-
-
-def _worker(srv, model: str) -> psutil.Process:
-    for pid in srv.family():
-        try:
-            p = psutil.Process(pid)
-            if f"({model} v1)" in " ".join(p.cmdline()):
-                return p
-        except psutil.NoSuchProcess:
-            continue
-    raise AssertionError(f"no worker of {model}")
 
 
 # ---- 1. a gRPC stream that never reads -------------------------------------------------------
@@ -541,7 +437,7 @@ def test_a_decoupled_stream_never_read_holds_a_bounded_amount(server, repo):
 
     ch = grpc.insecure_channel(srv.grpc_url, options=OWN_CONNECTION)
     try:
-        with Watch(srv, {"worker": _worker(srv, "burst")}) as w:
+        with Watch(srv, {"worker": worker_process(srv, "burst")}) as w:
             call = pbg.GRPCInferenceServiceStub(ch).ModelStreamInfer(requests(), timeout=120)
             try:     # (never read)
                 wait_until(made, ANSWER_S, "the model's first response")
@@ -621,7 +517,7 @@ def test_a_generate_stream_never_read_holds_a_bounded_amount(server, repo):
     good = warmed_up(srv, GoodClient.generate_stream)
     made = _progress(repo, "burst_text", "sse")
     body = _generate_body(BURST_COUNT, "sse")
-    with Watch(srv, {"worker": _worker(srv, "burst_text")}) as w:
+    with Watch(srv, {"worker": worker_process(srv, "burst_text")}) as w:
         s = socket.create_connection(("127.0.0.1", srv.http_port))
         try:
             s.sendall(b"POST /v2/models/burst_text/generate_stream HTTP/1.1\r\nHost: x\r\n"
