@@ -115,7 +115,8 @@ class _StreamBudget:
     the client does not read: grpc.aio's flow control, or the native server's bounds).
     A producer pauses at ``limit`` bytes; a new request starts only when its tensors, those
     of the requests running and the answers of all of them, at the largest size seen (none
-    until a first answer gives it), fit beside what is held; one always runs. So a client
+    until a first answer gives it), fit beside what is held (one always may, while less
+    than ``limit`` of answers is held). So a client
     that stops reading holds about ``limit`` here, whatever it sends and however many
     answers a decoupled model makes."""
     __slots__ = ("held", "inflight", "largest", "limit", "running_bytes", "_room")
@@ -245,7 +246,7 @@ class GrpcService(SharedMemoryRpcs, LogRpcs, TraceRpcs):
     async def _stream_one(self, request: tuple[pb.ModelInferRequest, list[memoryview]],
                           out: asyncio.Queue, after: asyncio.Event | None,
                           sent: asyncio.Event, metadata: list[tuple[str, str]],
-                          budget: _StreamBudget) -> None:
+                          budget: _StreamBudget, cost: int) -> None:
         """Every response to one stream request, serialized, onto ``out``; then None. Errors
         become an error_message (with the request id) and never end the stream. Every
         response carries triton_final_response; a decoupled model's bare final flag is
@@ -255,7 +256,8 @@ class GrpcService(SharedMemoryRpcs, LogRpcs, TraceRpcs):
         concurrently but arrive in order (a sequence's requests must), even when one of them
         waits for model metadata the next finds cached. ``metadata``: the stream's headers
         that each request forwards (--grpc-header-forward-pattern). ``budget``: the
-        stream's answers held; a decoupled model's next response waits for room."""
+        stream's answers held; a decoupled model's next response waits for room. ``cost``:
+        the request's tensor bytes, as budget.start counted them."""
         msg, raw = request
 
         def put(data: bytes) -> None:
@@ -293,7 +295,7 @@ class GrpcService(SharedMemoryRpcs, LogRpcs, TraceRpcs):
         finally:
             sent.set()
             out.put_nowait(None)
-            budget.done(_tensor_bytes(request))
+            budget.done(cost)
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[Any],
                                context) -> AsyncIterator[bytes]:
@@ -315,11 +317,13 @@ class GrpcService(SharedMemoryRpcs, LogRpcs, TraceRpcs):
             try:
                 async for request in request_iterator:
                     await window.acquire()
-                    await budget.start(_tensor_bytes(request))
+                    cost = _tensor_bytes(request)
+                    await budget.start(cost)
                     out: asyncio.Queue = asyncio.Queue()
                     sent = asyncio.Event()
                     sources.put_nowait((asyncio.ensure_future(
-                        self._stream_one(request, out, before, sent, metadata, budget)), out))
+                        self._stream_one(request, out, before, sent, metadata, budget, cost)),
+                        out))
                     before = sent
             finally:
                 sources.put_nowait(None)  # end of requests (also on a read error)

@@ -14,8 +14,8 @@ Backpressure: what the server holds for a client that does not read is bounded
 (GrpcLimits.max_pending_*_bytes). A streaming call hands its next request to its handler,
 and its handler's next answer goes out, only while its stream and connection are below
 their bounds (H2Connection.writable). A unary call starts only when the connection has room
-for one more answer of the largest size it has sent (_Gate): a call's answer exists only
-once it has run, so the room is kept for the calls already running.
+for its request and one more answer of the largest size it has sent (_Gate): a call's
+answer exists only once it has run, so the room is kept for the calls already running.
 """
 from __future__ import annotations
 
@@ -104,7 +104,8 @@ class _Gate:
     the requests of the calls running and of the new one, and one answer of the largest
     size sent so far for each of them, stay within max_pending_connection_bytes (until a
     first answer gives the size, answers count as nothing: a connection's first calls are
-    held back only by their requests). One call always runs. A call that finds no room
+    held back only by their requests). One call may always run while fewer answers than the
+    bound wait. A call that finds no room
     waits (its request bytes are bounded by the receive window, held shut at the bound)
     and starts, in order, when answers leave or calls end."""
     __slots__ = ("conn", "largest", "limit", "running", "running_bytes", "waiting", "_armed")
