@@ -39,6 +39,11 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
                    help="a model name may be in several repositories: each repository's models "
                         "are apart, an ensemble's steps use its own repository's models first, "
                         "and a name loaded from several repositories is ambiguous")
+    p.add_argument("--direct-path", type=parse_bool, default=True,
+                   help="requests to a model version with no batcher, sequence, ensemble, "
+                        "decoupled policy, rate limiter or execution timeout go from the "
+                        "frontend to an instance directly; false: every request passes the "
+                        "scheduler")
     p.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default="none",
                    type=str.lower)   # (Triton lower-cases it: "EXPLICIT" works)
     p.add_argument("--repository-poll-secs", type=float, default=15.0)
@@ -159,7 +164,7 @@ def _scheduler_settings(args: argparse.Namespace, frontend_addr: str, worker_add
         allow_client_shm=args.allow_client_shm, trace=_trace_config(args),
         metrics_config=args.metrics_config, metrics_interval_ms=args.metrics_interval_ms,
         allow_cpu_metrics=args.allow_cpu_metrics, allow_gpu_metrics=args.allow_gpu_metrics,
-        model_namespacing=args.model_namespacing,
+        model_namespacing=args.model_namespacing, direct_path=args.direct_path,
         worker_args=(["--no-shm"] if getattr(args, "no_shm", False) else [])
         + ["--inline-threshold", str(args.inline_threshold)])
 

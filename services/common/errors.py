@@ -113,6 +113,14 @@ def not_ready_text(model: str, version: int | str) -> str:
     return f"'{model}' version {version} is not at ready state"
 
 
+def instance_exited_text(instance: str, model: str, code: int | None = None) -> str:
+    """A worker that died with requests it held (the scheduler knows its exit code; a
+    frontend that sent requests to it directly sees only its connection close)."""
+    how = f" (exit code {code})" if code is not None else ""
+    return (f"model instance '{instance}' of model '{model}' exited unexpectedly{how}; "
+            "the request was not completed")
+
+
 def poll_failed(model: str) -> TriremeError:
     """A load request the repository cannot satisfy: no such model, a config override that
     does not parse, a "file:" parameter the file system refuses. Triton's text and code

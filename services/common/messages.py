@@ -17,12 +17,24 @@ from typing import Any
 
 import msgspec
 
+from services.common.messages_direct import (
+    DirectEpoch,
+    DirectStats,
+    EpochSet,
+    FlushStats,
+    GetPending,
+    Goodbye,
+    Pending,
+    Route,
+)
+from services.common.messages_direct import DirectRecord as DirectRecord
 from services.common.messages_ext import (
     ForgetRegions,
     GetLogSettings,
     GetMetrics,
     LogSettings,
     LogSettingsChanged,
+    MetricFamilyRecord,
     MetricsText,
     SetLogSettings,
     ShmRegions,
@@ -35,7 +47,11 @@ from services.common.messages_ext import (
     TraceSettingsRequest,
 )
 from services.common.messages_ext import LogConfig as LogConfig
+from services.common.messages_ext import MetricSeries as MetricSeries
 from services.common.messages_ext import TraceUpdate as TraceUpdate
+from services.common.messages_hosts import HOST_HEARTBEAT_S as HOST_HEARTBEAT_S
+from services.common.messages_hosts import HOST_TIMEOUT_S as HOST_TIMEOUT_S
+from services.common.messages_hosts import HostHeartbeat, HostHello, SpawnWorker, StopWorker, WorkerExited
 from services.common.msgbase import ErrorRecord
 from services.common.msgbase import Msg as _Msg
 from services.common.states import ModelState
@@ -53,7 +69,8 @@ class Kind(enum.IntEnum):
     GET_STATS = 8
     INFER_REQUESTS = 9
     CHECK_READY = 17               # (numbered after the scheduler -> frontend range)
-    CANCEL = 18                    # (also scheduler -> worker, on its cancel connection)
+    CANCEL = 18                    # (also scheduler -> worker, on its cancel connection,
+                                   # and frontend -> worker on a direct connection)
     SHM_REGISTER = 50              # (client shared memory: numbered after the host range)
     SHM_UNREGISTER = 51
     SHM_STATUS = 52
@@ -72,6 +89,8 @@ class Kind(enum.IntEnum):
     SHUTDOWN = 22
     PROBE_READY = 23
     FORGET_REGIONS = 24
+    DIRECT_EPOCH = 25
+    FLUSH_STATS = 26
     # worker -> scheduler
     WORKER_READY = 30
     MODEL_LOADED = 31
@@ -79,6 +98,13 @@ class Kind(enum.IntEnum):
     PROBE_RESULT = 33
     RELAY = 34                     # worker -> scheduler -> frontend: results sent the long way
     STREAMS_DONE = 35
+    EPOCH_SET = 36
+    DIRECT_STATS = 37
+    # worker -> frontend, on a direct connection (INFER_RESULT too)
+    GOODBYE = 19
+    # scheduler <-> frontend, for a metrics scrape (the direct path's pending requests)
+    GET_PENDING = 82
+    PENDING = 83
     # worker host <-> scheduler (on the worker socket)
     HOST_HELLO = 40
     HOST_HEARTBEAT = 41
@@ -146,6 +172,10 @@ class InferRequest(_Msg):
     request_id: str = ""           # the client's "id" (a Python model reads it)
     out_regions: dict[str, OutputRegion] = {}   # output name -> client shared memory
     trace: int = 0                 # 1: the frontend traces it if the scheduler samples it
+    # Direct (sent to a worker on a Route): the route's epoch, and whether the frontend can
+    # map that worker's segments (the scheduler decides it for the requests it dispatches).
+    epoch: int = 0
+    shm: bool = False
 
 
 class InferRequests(_Msg):
@@ -228,6 +258,9 @@ class InferResult(_Msg):
     # A sampled request's trace so far (services/common/trace.py TRACE_HEAD): its id,
     # level and QUEUE_START, then the worker's COMPUTE_* times; empty when not traced.
     trace: list[int] = []
+    # A direct request the worker refused unrun (a revoked or stale epoch): the frontend
+    # sends it through the scheduler.
+    stale: bool = False
 
 
 class InferResults(_Msg):
@@ -258,6 +291,7 @@ class ModelInfo(_Msg):
     probe_ready: bool = False      # readiness asks the instances (CheckReady)
     shm: bool = True               # every instance can map the asking frontend's segments
     labels: dict[str, list[str]] = {}   # output name -> its label_filename's lines (classification)
+    routes: list[Route] = []       # where requests may go without the scheduler (direct path)
 
 
 class IndexEntry(_Msg):
@@ -319,6 +353,9 @@ class RepositoryChanged(_Msg):
     models: list[str]              # names whose state or config changed; empty: all
     server_ready: bool = False     # the scheduler's readiness (initial load done, strict rules)
     dead_pids: list[int] = []      # workers that exited: unmap their segments
+    # direct route address -> the error of the requests its worker held (killed or exited;
+    # a frontend sees only the connection close)
+    exits: dict[str, ErrorRecord] = {}
 
 
 # ---------------------------------------------------------------- scheduler <-> worker
@@ -368,6 +405,7 @@ class WorkerReady(_Msg):
     worker_id: str
     pid: int
     shm_domain: str = ""
+    direct_addr: str = ""          # its direct listener (messages_direct.py); "": none
 
 
 class Relay(_Msg):
@@ -375,49 +413,6 @@ class Relay(_Msg):
     reachable from the worker's host): the scheduler forwards the message that follows as
     frames, untouched, to the frontend that announced ``reply_to``."""
     reply_to: str
-
-
-# ---------------------------------------------------------------- worker host <-> scheduler
-class HostHello(_Msg):
-    """A worker host (`trireme workers`) offers itself: the scheduler places instances on it."""
-    name: str
-    pid: int
-    gpus: list[int] = []           # the GPU ids (a config's `gpus: [k]`) it owns
-    cpu: bool = True               # it runs KIND_CPU instances too
-    shm_domain: str = ""
-
-
-class HostHeartbeat(_Msg):
-    """Sent every HOST_HEARTBEAT_S: a host silent for longer than HOST_TIMEOUT_S is lost."""
-    name: str
-
-
-class SpawnWorker(_Msg):
-    """Start one worker process (python -m services.workers.main) with these arguments, on
-    the host's own scheduler address."""
-    worker_id: str
-    args: list[str]
-    env: dict[str, str] = {}
-    cuda_device: int = -1          # a KIND_GPU instance's GPU id (the host maps it to CUDA's)
-
-
-class StopWorker(_Msg):
-    """SIGTERM, then SIGKILL after ``timeout_s``; ``kill``: SIGKILL now. An empty
-    ``worker_id`` is the scheduler saying it does not know the host (it restarted, or gave
-    the host up as lost): the host stops every worker and says HostHello again."""
-    worker_id: str
-    timeout_s: float = 10.0
-    kill: bool = False
-
-
-class WorkerExited(_Msg):
-    worker_id: str
-    pid: int
-    code: int
-
-
-HOST_HEARTBEAT_S = 1.0
-HOST_TIMEOUT_S = 3.5
 
 
 class ModelLoaded(_Msg):
@@ -444,23 +439,6 @@ class ProbeResult(_Msg):
     worker_id: str
     ready: bool
     reason: str = ""
-
-
-class MetricSeries(_Msg):
-    """One labelled series of a model's custom metric (pb_utils.MetricFamily)."""
-    labels: dict[str, str]
-    value: float = 0.0             # counter, gauge
-    buckets: list[float] = []      # histogram: upper bounds, cumulative counts, sum, count
-    counts: list[int] = []
-    sum: float = 0.0
-    count: int = 0
-
-
-class MetricFamilyRecord(_Msg):
-    name: str
-    description: str
-    kind: str                      # counter | gauge | histogram
-    series: list[MetricSeries]
 
 
 class BatchDone(_Msg):
@@ -544,6 +522,13 @@ _KIND_OF: dict[type[_Msg], Kind] = {
     TraceRecord: Kind.TRACE_RECORD,
     GetMetrics: Kind.GET_METRICS,
     MetricsText: Kind.METRICS_TEXT,
+    DirectEpoch: Kind.DIRECT_EPOCH,
+    FlushStats: Kind.FLUSH_STATS,
+    EpochSet: Kind.EPOCH_SET,
+    DirectStats: Kind.DIRECT_STATS,
+    Goodbye: Kind.GOODBYE,
+    GetPending: Kind.GET_PENDING,
+    Pending: Kind.PENDING,
 }
 # ReleaseOutputs shares the RELEASE_BLOCKS kind byte on the scheduler -> worker leg.
 _KIND_BYTES = {cls: bytes([k]) for cls, k in _KIND_OF.items()}

@@ -130,7 +130,25 @@ class TraceRecord(Msg):
     text: str
 
 
-# ---------------------------------------------------------------- metrics text
+# ---------------------------------------------------------------- metrics
+class MetricSeries(Msg):
+    """One labelled series of a model's custom metric (pb_utils.MetricFamily)."""
+    labels: dict[str, str]
+    value: float = 0.0             # counter, gauge
+    buckets: list[float] = []      # histogram: upper bounds, cumulative counts, sum, count
+    counts: list[int] = []
+    sum: float = 0.0
+    count: int = 0
+
+
+class MetricFamilyRecord(Msg):
+    name: str
+    description: str
+    kind: str                      # counter | gauge | histogram
+    series: list[MetricSeries]
+
+
+
 class GetMetrics(Msg):
     """The scheduler's /metrics text, for a generate response's ORCA load report (the
     endpoint-load-metrics header; frontend/http/orca.py)."""

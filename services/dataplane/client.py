@@ -3,6 +3,7 @@
 
     adapter ─CoreRequest─▶ DataPlane.infer ─validate─▶ inputs → frames | shared memory
            ─InferRequest─▶ scheduler ─▶ worker ─InferResult─▶ (result socket) ─▶ CoreResponse
+                        └──▶ worker (a route: direct.py) ─InferResult─┘ (same connection)
 
 Model metadata is cached per model and dropped when the scheduler broadcasts a change, so
 validation costs no round trip. Input blocks are freed when the request's final answer
@@ -47,6 +48,7 @@ from services.common.shm import domain as shm_domain
 from services.common.states import ModelState
 from services.dataplane.classification import classify
 from services.dataplane.control import ControlCalls, TraceCalls, error_from
+from services.dataplane.direct import DirectPath
 from services.dataplane.outbox import Outbox
 from services.dataplane.settings import DataPlaneSettings
 from services.dataplane.types import CoreRequest, CoreResponse, OutputTensor
@@ -68,6 +70,12 @@ def _region_ref(t: Any) -> m.TensorRef:
     return m.TensorRef(t.name, t.datatype, list(t.shape), p.get("shared_memory_byte_size", 0),
                        offset=p.get("shared_memory_offset", 0),
                        region=p["shared_memory_region"])
+
+
+def _uses_regions(req: CoreRequest) -> bool:
+    """Whether a request reads or writes client shared memory."""
+    return (any(t.data is None for t in req.inputs)
+            or any("shared_memory_region" in o.parameters for o in req.outputs or ()))
 
 
 def _output_region(p: dict[str, Any]) -> m.OutputRegion:
@@ -125,6 +133,8 @@ class DataPlane(ControlCalls, TraceCalls):
         self._results = await transport.listen(self.result_addr, self._on_result)
         self.result_addr = self._results.address   # with the port chosen at bind
         self._outbox = Outbox(self._send_parts, self._deliver, self.result_addr, self._loop)
+        self._direct = DirectPath(self._loop, self.result_addr, self._domain, self._dispatch,
+                                  self._deliver, self._resend)
         self._sched = transport.connect(self.settings.scheduler_addr, self._on_message,
                                         on_state=self._on_scheduler_state)
         try:   # (the hello goes on connect: _on_scheduler_state)
@@ -154,6 +164,7 @@ class DataPlane(ControlCalls, TraceCalls):
         if self._tick is not None:
             self._tick.cancel()
         self._fail_waiting("server is shutting down")
+        self._direct.close()
         self._sched.close()
         self._results.close()
         self._segments.close()
@@ -172,6 +183,7 @@ class DataPlane(ControlCalls, TraceCalls):
         are dropped with them."""
         pending, self._pending = self._pending, {}
         self._outbox.drop()
+        self._direct.forget()
         inflight, self._inflight = self._inflight, {}
         for blocks in inflight.values():   # no answer is coming for any of them
             self._free_inputs(blocks)
@@ -216,6 +228,9 @@ class DataPlane(ControlCalls, TraceCalls):
 
     def _on_message(self, parts: list[Any]) -> None:
         msg, frames = m.decode(parts)
+        self._dispatch(msg, frames)
+
+    def _dispatch(self, msg: Any, frames: list[Any]) -> None:
         handler = self._handlers.get(type(msg))
         if handler is None:
             log.warning("dropped a %s from the scheduler: not a message for a frontend",
@@ -232,6 +247,8 @@ class DataPlane(ControlCalls, TraceCalls):
             m.ShmRegions: answer, m.LogSettings: answer, m.TraceSettings: answer,
             m.MetricsText: answer,
             m.TraceLevels: lambda msg, frames: self._on_trace_levels(msg),
+            m.GetPending: lambda msg, frames: self._send(
+                m.Pending(msg.ctl_id, self._direct.waiting())),
             m.LogSettingsChanged: self._on_log_settings,
             m.RepositoryChanged: self._on_repository_changed,
         }
@@ -239,7 +256,9 @@ class DataPlane(ControlCalls, TraceCalls):
     def _on_results(self, msg: m.InferResult | m.InferResults, frames: list[Any]) -> None:
         # InferResults: one batch's results for this frontend, sharing the frames.
         for r in (msg,) if isinstance(msg, m.InferResult) else msg.results:
-            if not r.stream:
+            if r.stale:   # a direct request its worker refused unrun
+                self._direct.stale(r.req_id)
+            elif not r.stream:
                 self._deliver(r, frames)
             elif r.req_id in self._inflight:
                 self._deliver_in_order(r, frames)
@@ -257,6 +276,9 @@ class DataPlane(ControlCalls, TraceCalls):
 
     def _on_repository_changed(self, msg: m.RepositoryChanged, frames: list[Any]) -> None:
         self._generation += 1
+        self._direct.clear_dead()
+        if msg.exits:   # workers killed or exited: the error of what was sent them directly
+            self._direct.exits(msg.exits)
         self._scheduler_ready = msg.server_ready
         for pid in msg.dead_pids:
             self._segments.forget_owner(pid)
@@ -273,6 +295,8 @@ class DataPlane(ControlCalls, TraceCalls):
             blocks = self._inflight.pop(msg.req_id, None)
             if blocks:
                 self._free_inputs(blocks)
+            if self._direct.by_req:
+                self._direct.answered(msg.req_id)
         waiter = self._pending.get(msg.req_id)
         if type(waiter) is asyncio.Queue:   # a stream: every response until the final one
             if msg.final:
@@ -406,6 +430,7 @@ class DataPlane(ControlCalls, TraceCalls):
                 # by one that arrived while this task was being cancelled.
                 if req_id in self._inflight:
                     self._outbox.cancel(req_id, req.model, version)
+                    self._direct.cancel(req_id, req.model, version)
             elif fut.exception() is None:   # the result won the race: hand its outputs back
                 self._release_refs(fut.result()[0].outputs)
             raise
@@ -457,6 +482,7 @@ class DataPlane(ControlCalls, TraceCalls):
                 # abandoned mid-stream: cancel it; the rest is dropped as it arrives, and
                 # its final answer frees the inputs
                 self._outbox.cancel(req_id, req.model, version)
+                self._direct.cancel(req_id, req.model, version)
 
     def _send_request(self, req: CoreRequest, info: m.ModelInfo, version: int,
                       waiter: asyncio.Future | asyncio.Queue) -> int:
@@ -467,6 +493,11 @@ class DataPlane(ControlCalls, TraceCalls):
             raise TriremeError(Code.UNAVAILABLE, SCHEDULER_DOWN_TEXT)
         batch_size = validate_infer(info, req)
         self._housekeeper.busy = True
+        # Straight to a worker where a route allows (not for client shared memory or traces:
+        # the scheduler resolves regions and samples traces)
+        route = (self._direct.pick(info, version) if info.routes and self.settings.direct
+                 and not self.trace_on and not _uses_regions(req) else None)
+        shm = self._shm_ok and (route.shm if route is not None else info.shm)
         refs: list[m.TensorRef] = []
         frames: list[Any] = []
         blocks: list[Any] = []
@@ -477,7 +508,7 @@ class DataPlane(ControlCalls, TraceCalls):
                     continue
                 nbytes = len(t.data) if not isinstance(t.data, memoryview) else t.data.nbytes
                 ref = m.TensorRef(t.name, t.datatype, list(t.shape), nbytes)
-                if nbytes >= self.settings.inline_threshold and self._shm_ok and info.shm:
+                if shm and nbytes >= self.settings.inline_threshold:
                     assert self._arena is not None     # _shm_ok says so
                     try:
                         block = self._arena.alloc(nbytes)
@@ -486,7 +517,7 @@ class DataPlane(ControlCalls, TraceCalls):
                         ref.segment, ref.offset = block.segment, block.offset
                     except ShmUnavailable as e:
                         log.warning("input arena unavailable, sending tensors inline: %s", e)
-                        self._shm_ok = False   # keep the arena: in-flight blocks still need freeing
+                        self._shm_ok = shm = False   # keep the arena: in-flight blocks still need freeing
                 if not ref.segment:
                     ref.frame = len(frames)
                     frames.append(t.data)
@@ -505,9 +536,19 @@ class DataPlane(ControlCalls, TraceCalls):
         self._inflight[req_id] = blocks
         # trace: 1 when its adapter traces it, should the scheduler sample it (TraceCalls)
         trace = self._trace_begin(req, version) if self.trace_on else 0
-        self._outbox.submit(m.InferRequest(req_id, self.result_addr, req.model, version, refs, outputs,
-                                    req.parameters, batch_size, req.id, regions, trace), frames)
+        msg = m.InferRequest(req_id, self.result_addr, req.model, version, refs, outputs,
+                             req.parameters, batch_size, req.id, regions, trace)
+        if route is not None:
+            self._direct.send(route, msg, frames)
+        else:
+            self._outbox.submit(msg, frames)
         return req_id
+
+    def _resend(self, msg: m.InferRequest, frames: list[Any]) -> None:
+        """A direct request its worker did not run: through the scheduler after all."""
+        if self._scheduler_lost:   # (its caller was answered when the connection broke)
+            return
+        self._outbox.submit(msg, frames)
 
     def _response(self, req: CoreRequest, version: int, result: m.InferResult,
                   rframes: list[Any], info: m.ModelInfo | None = None) -> CoreResponse:

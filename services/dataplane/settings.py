@@ -18,3 +18,6 @@ class DataPlaneSettings:
     """Tensors smaller than this travel as message frames instead of shared memory."""
     use_shm: bool = True
     """Place large tensors in shared memory (off when processes do not share a host)."""
+    direct: bool = True
+    """Send requests straight to an instance's worker where the scheduler publishes a
+    route for it (direct.py); False: every request goes through the scheduler."""

@@ -60,6 +60,14 @@ class Instance:
     # (reply_to, req_id) -> requests its decoupled model still answers after their batch
     streaming: dict[tuple[str, int], Pending] = field(default_factory=dict)
     shm_domain: str = ""       # its worker's shm.domain(): who can map its segments
+    direct_addr: str = ""      # its worker's direct listener ("": none; routes.py)
+    epoch: int = 0             # its route's epoch while frontends may send to it directly
+    revoking: bool = False     # its route was withdrawn and its worker has not said EpochSet
+
+    @property
+    def busy(self) -> bool:
+        """Running something: a batch, or direct requests its worker has not finished."""
+        return bool(self.inflight) or self.revoking
 
 
 def log_request(request_id: str, message: str) -> str:
@@ -91,7 +99,7 @@ class VersionQueue:
                  fail: Callable[[Pending, int, str, str], None],
                  call_later: Callable[[float, Callable[[], None]], Any],
                  limiter: Any = None, clock: Callable[[], int] = time.monotonic_ns,
-                 stats: Any = None) -> None:
+                 stats: Any = None, on_serving: Callable[[Instance], None] | None = None) -> None:
         self.model = model
         self.version = version
         self.stats = stats
@@ -103,6 +111,8 @@ class VersionQueue:
         self.call_later = call_later
         self.limiter = limiter
         self.clock = clock
+        # a version with nothing to decide per request: each instance gets a route (routes.py)
+        self.on_serving = on_serving
         self.idle: list[Instance] = []
         self.instances: dict[str, Instance] = {}
         self._timer: Any = None
@@ -119,6 +129,8 @@ class VersionQueue:
         if self.limiter is not None:
             self.limiter.register(inst)
         self.idle.append(inst)
+        if self.on_serving is not None:
+            self.on_serving(inst)
         self.pump()
 
     def remove_instance(self, inst: Instance) -> None:
@@ -268,5 +280,5 @@ class VersionQueue:
 
     @property
     def busy(self) -> bool:
-        return bool(len(self.batcher)) or any(i.inflight for i in self.instances.values())
+        return bool(len(self.batcher)) or any(i.busy for i in self.instances.values())
 

@@ -62,6 +62,7 @@ class ModelManager(InstanceRecovery, ModelNames, Retirement):
     """Owns every ModelEntry; the Scheduler gives it the process and messaging hooks."""
 
     def __init__(self, repositories: list[Path], *, spawn_instance: Callable, stop_instance: Callable,
+                 withdraw: Callable = lambda inst: None, announce: Callable = lambda *a: None,
                  make_queue: Callable[[str, int, Any], SchedulingQueue],
                  changed: Callable[[list[str]], None],
                  config_name: str | None = None, disable_autocomplete: bool = False,
@@ -80,6 +81,8 @@ class ModelManager(InstanceRecovery, ModelNames, Retirement):
         # async (Instance, config bytes, model_dir, autocomplete) -> mc.ModelConfig
         self.spawn_instance = spawn_instance
         self.stop_instance = stop_instance        # async (Instance) -> None
+        self.withdraw = withdraw                  # (Instance): no more direct requests (routes.py)
+        self.announce = announce                  # (Instance, code, text): its direct requests' error
         self.make_queue = make_queue              # (model key, version, completed config) -> queue
         # (keys in, names out: frontends know models by name)
         self.changed = changed if not namespacing else (

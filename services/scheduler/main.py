@@ -17,7 +17,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,12 +45,14 @@ from services.scheduler.lifecycle import ModelManager
 from services.scheduler.metrics import Metrics
 from services.scheduler.queues import SchedulingQueue
 from services.scheduler.rate_limiter import RateLimiter
+from services.scheduler.routes import DirectRoutes, qualifies
 from services.scheduler.sequence import SequenceConfig, SequenceQueue
 from services.scheduler.shm_regions import Registry
 from services.scheduler.state import LoadedModels
 from services.scheduler.stats import StatsRegistry
 from services.scheduler.trace_config import TraceConfig
 from services.scheduler.trace_settings import TraceManager
+from services.scheduler.watchdog import execution_limit
 from services.scheduler.worker_side import WorkerSide
 
 log = logging.getLogger("trireme.scheduler")
@@ -105,6 +107,9 @@ class SchedulerSettings:
     """--allow-gpu-metrics: nv_gpu_* on /metrics where NVML finds a GPU (with --allow-metrics)."""
     model_namespacing: bool = False
     """--model-namespacing: a model name may be in several repositories (lifecycle.py)."""
+    direct_path: bool = True
+    """Requests to versions with nothing to decide per request go from the frontend to a
+    worker directly (routes.py); False (--no-direct-path): every request comes here."""
 
 
 class Scheduler(ControlSide, WorkerSide):
@@ -126,9 +131,14 @@ class Scheduler(ControlSide, WorkerSide):
         self.traces = TraceManager(settings.trace, self._send_frontend, lambda: self.frontends,
                                    STEP_IDENTITY)
         self.custom_metrics: dict[str, list] = {}   # worker id -> its model's custom families
+        # The direct path's routes and the statistics its workers keep (routes.py)
+        self.direct = DirectRoutes(self._send_worker, self._send_frontend,
+                                   lambda: self.frontends, self._changed, self.stats,
+                                   self.custom_metrics, settings.unload_timeout_secs)
         self.metrics = Metrics(self.stats, self._ready_versions,
                                lambda: list(self.custom_metrics.values()), self._cluster_metrics,
-                               lambda key: self.models.split_key(key))
+                               lambda key: self.models.split_key(key),
+                               self.direct.flush_for_metrics)
         self.limiter = (RateLimiter(settings.rate_limit_resources)
                         if settings.rate_limit == "execution_count" else None)
         # Triton's batching test hook: each batcher holds requests until this many are queued.
@@ -144,6 +154,7 @@ class Scheduler(ControlSide, WorkerSide):
         self.models = ModelManager(
             settings.repositories, spawn_instance=self._spawn_instance,
             stop_instance=self._stop_instance, make_queue=self._make_queue,
+            withdraw=self.direct.withdraw, announce=self.direct.announce,
             changed=self._changed, config_name=settings.config_name,
             disable_autocomplete=settings.disable_autocomplete, limiter=self.limiter,
             execution_timeout_s=settings.execution_timeout_secs,
@@ -272,8 +283,8 @@ class Scheduler(ControlSide, WorkerSide):
             m.InferRequests: self._on_infer_requests,
             m.ReleaseBlocks: self._on_release_blocks,
             m.GetModelInfo: self._on_model_info,
-            m.GetStats: lambda identity, msg, frames:
-                self._send_frontend(identity, self._statistics(msg)),
+            m.GetStats: lambda identity, msg, frames: self._after_flush(
+                identity, lambda: self._statistics(msg), self.direct.flush),
             m.CheckReady: check_ready,
             m.GetIndex: lambda identity, msg, frames: self._send_frontend(
                 identity, m.Index(msg.ctl_id, self.models.index(msg.ready_only))),
@@ -286,12 +297,23 @@ class Scheduler(ControlSide, WorkerSide):
             m.GetLogSettings: log_settings,
             m.SetLogSettings: log_settings,
             m.FrontendHello: self._on_hello,
+            m.Pending: lambda identity, msg, frames: self.direct.on_pending(identity, msg),
             m.TraceSettingsRequest: self._on_trace_settings,
             m.TraceRecord: lambda identity, msg, frames: self.traces.record(msg),
-            m.GetMetrics: lambda identity, msg, frames: self._send_frontend(
-                identity, m.MetricsText(msg.ctl_id, self.metrics.render()
-                                        if self.settings.allow_metrics else "")),
+            m.GetMetrics: lambda identity, msg, frames: self._after_flush(
+                identity, lambda: m.MetricsText(msg.ctl_id, self.metrics.render()
+                                                if self.settings.allow_metrics else ""),
+                self.direct.flush_for_metrics),
         }
+
+    def _after_flush(self, identity: bytes, answer: Callable[[], Any],
+                     flush: Callable[[], Awaitable[None]]) -> None:
+        """Answer with what ``answer()`` makes once the direct path's figures are in
+        (``flush``: routes.py; at once when no route is open)."""
+        async def flushed() -> None:
+            await flush()
+            self._send_frontend(identity, answer())
+        asyncio.get_running_loop().create_task(flushed())
 
     def _on_infer_requests(self, identity: bytes, msg: m.InferRequests,
                            frames: list[Any]) -> None:
@@ -312,8 +334,10 @@ class Scheduler(ControlSide, WorkerSide):
             # Starting (or restarted): nothing is "unknown" or "unavailable" for good yet.
             err = still_loading(msg.model)
             info = m.ModelInfo(0, msg.model, error=m.ErrorRecord(int(err.code), err.message))
+        entry = self.models.lookup(msg.model)
         self._send_frontend(identity, msgspec.structs.replace(
-            info, ctl_id=msg.ctl_id, shm=self._shares_memory(identity, msg.model)))
+            info, ctl_id=msg.ctl_id, shm=self._shares_memory(identity, msg.model),
+            routes=self.direct.routes(entry.instances) if entry is not None else []))
 
     def _on_hello(self, identity: bytes, msg: m.FrontendHello, frames: list[Any]) -> None:
         self.frontends.add(identity)
@@ -359,10 +383,11 @@ class Scheduler(ControlSide, WorkerSide):
                    for e in self.models.models.values() if e.versions and
                    any(v.reason != "unloaded" for v in e.versions.values()))
 
-    def _changed(self, names: list[str], dead_pids: list[int] | None = None) -> None:
+    def _changed(self, names: list[str], dead_pids: list[int] | None = None,
+                 exits: dict[str, m.ErrorRecord] | None = None) -> None:
         if not hasattr(self, "fsock"):
             return
-        msg = m.RepositoryChanged(names, self.server_ready(), dead_pids or [])
+        msg = m.RepositoryChanged(names, self.server_ready(), dead_pids or [], exits or {})
         for identity in list(self.frontends):
             self._send_frontend(identity, msg)
 
@@ -441,7 +466,10 @@ class Scheduler(ControlSide, WorkerSide):
         if config.HasField("sequence_batching"):
             return SequenceQueue(*args, stats=stats,
                                  sequence=SequenceConfig.from_model_config(config))
-        return VersionQueue(*args, stats=stats)
+        direct = self.settings.direct_path and qualifies(
+            config, limiter=self.limiter, delay_count=self.delay_count,
+            execution_limit_s=execution_limit(config, self.settings.execution_timeout_secs))
+        return VersionQueue(*args, stats=stats, on_serving=self.direct.open if direct else None)
 
     # ------------------------------------------------------------------ ensemble steps
     def _submit_step(self, queue: EnsembleQueue, req: m.InferRequest, frames: list[Any],

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import msgspec
 from aiohttp import web
@@ -91,8 +91,10 @@ def _escape(v: str) -> str:
 class Metrics:
     def __init__(self, stats: StatsRegistry, ready: Callable[[], list],
                  custom: Callable[[], list] = list, cluster: Callable[[], list[str]] = list,
-                 split: Callable[[str], tuple[str, str]] = lambda key: (key, "")) -> None:
+                 split: Callable[[str], tuple[str, str]] = lambda key: (key, ""),
+                 flush: Callable[[], Awaitable[None]] | None = None) -> None:
         self.stats = stats
+        self.flush = flush          # brings in the statistics workers keep (direct path)
         self.ready = ready          # () -> sorted [(model key, version)] ready now: unloaded drop out
         self.split = split          # model key -> (name, namespace: --model-namespacing's, or "")
         self.custom = custom        # () -> per worker, its model's MetricFamilyRecords
@@ -162,6 +164,8 @@ class Metrics:
     async def serve(self, host: str, port: int) -> web.AppRunner:
         """Serve /metrics; the CPU/GPU poller runs until the returned runner is cleaned up."""
         async def handle(_: web.Request) -> web.Response:
+            if self.flush is not None:
+                await self.flush()
             return web.Response(body=self.render().encode(), headers={"Content-Type": CONTENT_TYPE})
 
         async def stop_host(_: web.Application) -> None:

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from services.common.errors import Code, TriremeError, not_ready_text
+from services.common.errors import Code, TriremeError, instance_exited_text, not_ready_text
 from services.scheduler.dispatch import Instance
 from services.scheduler.entries import LOADING, READY, UNAVAILABLE, ModelEntry, VersionState
 from services.scheduler.hosts import NoWorkerHost
@@ -52,8 +52,7 @@ class InstanceRecovery:
         server is shutting down or its model was unloaded or reloaded meanwhile. (An
         instance the watchdog killed comes here too, with nothing left to fail.)"""
         inst.loaded = False
-        why = (f"model instance '{inst.name}' of model '{inst.model}' exited unexpectedly "
-               f"(exit code {code}); the request was not completed")
+        why = instance_exited_text(inst.name, inst.model, code)
         entry = self._owner(inst)
         vs = entry.versions.get(inst.version) if entry else None
         if vs is not None and vs.queue is not None:

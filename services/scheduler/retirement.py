@@ -32,6 +32,8 @@ class Retirement:
 
     models: dict[str, ModelEntry]
     stop_instance: Callable
+    withdraw: Callable[[Instance], None]
+    announce: Callable[[Instance, int, str], None]
     unload_timeout_s: float
     watchdog: Watchdog
     _retiring: list[ModelEntry]
@@ -45,6 +47,7 @@ class Retirement:
         workers. None of them restarts from now on."""
         for inst in entry.instances:
             inst.retired = True
+            self.withdraw(inst)   # no more direct requests: what it runs counts as busy
         for vs in entry.versions.values():
             if vs.queue is not None:
                 vs.queue.fail_queued(Code.UNAVAILABLE, not_ready_text(entry.name, vs.version))
@@ -52,10 +55,10 @@ class Retirement:
         deadline = loop.time() + self.unload_timeout_s
         self._retiring.append(entry)
         try:
-            while any(i.inflight for i in entry.instances) and loop.time() < deadline:
+            while any(i.busy for i in entry.instances) and loop.time() < deadline:
                 await asyncio.sleep(min(DRAIN_POLL_S, max(0.0, deadline - loop.time())))
             for inst in list(entry.instances):
-                if inst.inflight:
+                if inst.busy:
                     self._kill_busy(entry, inst, unload_timeout_text(inst, self.unload_timeout_s))
             await self._stop_all(entry)
         finally:
@@ -67,6 +70,7 @@ class Retirement:
         never return to see a SIGTERM), and each request it held fails UNAVAILABLE now."""
         log.error("%s", why)
         inst.loaded = False
+        self.announce(inst, Code.UNAVAILABLE, why)   # its direct requests fail with this too
         if inst.handle is not None:
             inst.handle.kill()
         vs = entry.versions.get(inst.version)
@@ -100,6 +104,9 @@ class Retirement:
         self._closing = True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace_s
+        for e in (*self.models.values(), *self._retiring, *self._starting):
+            for inst in e.instances:
+                self.withdraw(inst)   # new requests through the queues; direct ones finish
         while loop.time() < deadline and ((drained is not None and not drained.done())
                                           or self._has_work()):
             await asyncio.sleep(min(DRAIN_POLL_S, max(0.0, deadline - loop.time())))
@@ -111,7 +118,7 @@ class Retirement:
                 if vs.queue is not None:
                     vs.queue.fail_queued(Code.UNAVAILABLE, not_ready_text(e.name, vs.version))
             for inst in list(e.instances):
-                if inst.inflight:
+                if inst.busy:
                     self._kill_busy(e, inst, exit_timeout_text(inst, grace_s))
         stops = asyncio.gather(*(self._stop_all(e) for e in entries), return_exceptions=True)
         kill_at = max(deadline, loop.time()) + KILL_AFTER_S

@@ -26,8 +26,8 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 class VersionStats:
     __slots__ = ("batcher", "batches", "compute_infer", "compute_input", "compute_output",
-                 "execution_count", "fail", "failures", "inference_count", "last_inference_ms",
-                 "latency", "queue", "success", "tags")
+                 "direct_pending", "execution_count", "fail", "failures", "inference_count",
+                 "last_inference_ms", "latency", "queue", "success", "tags")
 
     def __init__(self, latency: LatencyRecorder | None = None,
                  tags: tuple[tuple[str, str], ...] = ()) -> None:
@@ -44,14 +44,17 @@ class VersionStats:
         self.batches: dict[int, list[int]] = {}     # batch size -> [executions, in_ns, infer_ns, out_ns]
         self.failures: dict[str, int] = {}          # Prometheus failure reason -> requests
         self.batcher = None                         # the version's Batcher (VersionQueue sets it)
+        self.direct_pending = 0                     # waiting at its instances (routes.py, per scrape)
         self.latency = latency                      # histograms / summaries, when enabled
         self.tags = tags                            # extra labels: the config's metric_tags
 
     @property
     def pending(self) -> int:
         """nv_inference_pending_request_count, as Triton counts it: requests waiting to
-        execute (queued, or held by the rate limiter), not those a worker is running."""
-        return len(self.batcher) if self.batcher is not None else 0
+        execute (queued, or held by the rate limiter, or sent to an instance directly and
+        not begun), not those a worker is running."""
+        queued = len(self.batcher) if self.batcher is not None else 0
+        return queued + self.direct_pending
 
     def executed(self, rows: int, requests: list[tuple[int, int]], failed: int,
                  compute: tuple[int, int, int], now_ns: int, first: list[int] | None = None) -> None:

@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 from services.common import logsettings
 from services.common import messages as m
-from services.common.errors import Code, TriremeError
+from services.common.errors import Code, TriremeError, instance_exited_text
 from services.scheduler.dispatch import Instance
 
 if TYPE_CHECKING:
     from services.scheduler.hosts import Hosts
     from services.scheduler.lifecycle import ModelManager
     from services.scheduler.main import SchedulerSettings
+    from services.scheduler.routes import DirectRoutes
 
 log = logging.getLogger("trireme.scheduler")
 
@@ -45,9 +46,11 @@ class WorkerSide:
     _routes: dict[str, bytes]
     step_addr: str                 # where ensemble steps' results are addressed
     limiter: Any                   # RateLimiter, or None
+    direct: DirectRoutes
 
     if TYPE_CHECKING:
-        def _changed(self, names: list[str], dead_pids: list[int] | None = None) -> None: ...
+        def _changed(self, names: list[str], dead_pids: list[int] | None = None,
+                     exits: dict[str, m.ErrorRecord] | None = None) -> None: ...
 
         def _send_frontend(self, identity: bytes, msg: Any, frames: Sequence[Any] = ()) -> None: ...
 
@@ -118,6 +121,10 @@ class WorkerSide:
             frontend = self._routes.get(msg.reply_to)
             if frontend is None or not self.fsock.send(frontend, frames):
                 log.warning("results for %s have no frontend to go to", msg.reply_to)
+        elif isinstance(msg, m.DirectStats):
+            self.direct.on_stats(self._workers.get(msg.worker_id), msg)
+        elif isinstance(msg, m.EpochSet):
+            self.direct.on_epoch_set(msg)
         elif isinstance(msg, m.ProbeResult):
             fut = self._probes.get(msg.probe_id)
             if fut is not None and not fut.done():
@@ -149,6 +156,7 @@ class WorkerSide:
             await handle.start()
             hello: m.WorkerReady = await asyncio.wait_for(ready, LOAD_TIMEOUT_S)
             inst.pid = hello.pid
+            inst.direct_addr = hello.direct_addr
             domain_before, inst.shm_domain = inst.shm_domain, hello.shm_domain
             self._send_worker(inst.worker_id, m.LoadModel(   # (the model's name, not its key)
                 self.models.split_key(inst.model)[0], inst.version, model_dir, config, inst.name, inst.kind,
@@ -177,6 +185,7 @@ class WorkerSide:
         await self.hosts.wait(lambda: give_up() or any(h.fits(inst) for h in self.hosts.all()))
 
     async def _stop_instance(self, inst: Instance) -> None:
+        await self.direct.revoke(inst)   # what it ran directly ends first (and is counted)
         self._by_pid.pop(inst.pid, None)
         self._workers.pop(inst.worker_id, None)
         self.custom_metrics.pop(inst.worker_id, None)
@@ -204,6 +213,10 @@ class WorkerSide:
         self._by_pid.pop(inst.pid, None)
         self._workers.pop(inst.worker_id, None)
         self.custom_metrics.pop(inst.worker_id, None)
+        if (inst.epoch or inst.revoking) and not handle.stopping:
+            # what frontends sent it directly fails as what the scheduler dispatched there
+            self.direct.announce(inst, Code.INTERNAL, instance_exited_text(inst.name, inst.model, code))
+        self.direct.exited(inst)
         # Frontends unmap the dead worker's output segments (unlinked already by the supervisor).
         self._changed([inst.model], dead_pids=[handle.pid])
         self._end_streams(inst, code)

@@ -4,6 +4,7 @@
     scheduler ──Cancel (own connection, own thread: services/workers/cancel.py)──▶ worker
     worker ──WorkerReady / ModelLoaded / BatchDone──▶ scheduler
     worker ──InferResult (+ frames or refs into this worker's output arena)──▶ frontend
+    frontend ──InferRequest (the direct path: services/workers/direct.py)──▶ worker
 
 The loop is synchronous on purpose: a worker runs one batch at a time, and a framework
 call holds the thread anyway. Inputs are read in place (ZeroMQ frames or the frontend's
@@ -41,6 +42,7 @@ from services.common.procutil import die_with_parent, set_title, tune_gc
 from services.common.shm import DEFAULT_INLINE_THRESHOLD, Arena, SegmentMap, ShmUnavailable
 from services.common.trace import stamp_results
 from services.workers.batch_io import BatchIO
+from services.workers.direct import DirectSide, hub_for
 from services.workers.results import ResultSender
 from services.workers.sequence import SequenceIO
 
@@ -94,16 +96,28 @@ class Worker(ResultSender):
         # When each of them sent its first response (perf_counter_ns; _REPORTED once a
         # BatchDone told it): the scheduler's first-response histogram (BatchDone.first).
         self._first_at: dict[tuple[str, int], int] = {}
+        # The direct path: frontends' connections and the scheduler's, read in one loop.
+        self.hub = hub_for(self)
+        self.direct = DirectSide(self, self.hub) if self.hub is not None else None
 
     # ------------------------------------------------------------------ loop
     def run(self) -> None:
         # 1. announce ourselves; 2. serve messages until Shutdown or a signal.
-        self.sock.send(m.encode(m.WorkerReady(self.worker_id, os.getpid(), self.domain)))
+        hub = self.hub
+        self.sock.send(m.encode(m.WorkerReady(self.worker_id, os.getpid(), self.domain,
+                                              hub.address if hub is not None else "")))
         self.start_housekeeping()
         handlers = self._handler_table()
         while self.running:
             try:
-                parts = self.sock.recv()
+                if hub is None:
+                    parts = self.sock.recv()
+                else:
+                    peer, parts = hub.recv()
+                    if peer is not None:   # a frontend's direct request (or its leaving)
+                        assert self.direct is not None   # (there is a hub)
+                        self.direct.on_message(peer, parts)
+                        continue
             except EOFError as e:   # the scheduler is gone: so is our reason to run
                 log.warning("%s; exiting", e)
                 return
@@ -124,7 +138,10 @@ class Worker(ResultSender):
         def shutdown(msg: m.Shutdown, frames: list[Any]) -> None:
             self.running = False
 
+        direct = self.direct
         return {
+            m.DirectEpoch: lambda msg, frames: direct.set_epoch(msg) if direct else None,
+            m.FlushStats: lambda msg, frames: direct.send_stats(msg.flush_id) if direct else None,
             m.ExecuteBatch: execute,
             m.ReleaseOutputs: lambda msg, frames: self.release(msg.blocks),
             m.ForgetRegions: lambda msg, frames: self.regions.forget(msg.keys),
@@ -154,6 +171,8 @@ class Worker(ResultSender):
 
     def close(self) -> None:
         self._housekeeping.set()
+        if self.direct is not None:   # frontends hear Goodbye before the instance goes
+            self.direct.close()
         if self.backend is not None:
             try:
                 self.backend.close()
@@ -222,7 +241,9 @@ class Worker(ResultSender):
             return deserialize_bytes_tensor(buf).reshape(ref.shape)
         return np.frombuffer(buf, dtype=numpy_dtype(ref.datatype), count=_count(ref.shape)).reshape(ref.shape)
 
-    def execute(self, batch: m.ExecuteBatch, frames: list[Any]) -> None:
+    def execute(self, batch: m.ExecuteBatch, frames: list[Any], arrived: int = 0) -> None:
+        """Run one batch and send its results; ``arrived``: a direct request's, when it was
+        read (its statistics stay here for a DirectStats instead of a BatchDone)."""
         t0 = time.perf_counter_ns()
         items = batch.items
         failed = 0
@@ -267,6 +288,10 @@ class Worker(ResultSender):
                     streaming.append(key)
             t3 = time.perf_counter_ns()
             t1, t2 = times
+            if arrived:
+                assert self.direct is not None   # (direct requests come through its hub)
+                self.direct.record(items[0].batch_size, failed, t0, t1, t2, t3, arrived)
+                return
             done = m.BatchDone(batch.batch_id, self.worker_id, t1 - t0, t2 - t1, t3 - t2, failed,
                                self.backend.take_metrics(), streaming, steps)
             if waiting or self._first_at:   # response senders answered: when they began

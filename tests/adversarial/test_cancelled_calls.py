@@ -54,10 +54,13 @@ VARIANTS = {"native": (), "aio": ("--grpc-impl", "aio"),
 def repo(tmp_path_factory):
     root = tmp_path_factory.mktemp("cancelled_calls") / "models"
     models.identity(root / "identity", "fp32")
+    # One instance: the warm-up opens what traffic keeps for good (each frontend's direct
+    # connection to the worker, the worker's first output segment); a burst adds nothing.
     models.write_config(root / "identity",
                         'max_batch_size: 8\n'
                         'input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
-                        'output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }]\n')
+                        'output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
+                        'instance_group [{ kind: KIND_CPU, count: 1 }]\n')
     return root
 
 

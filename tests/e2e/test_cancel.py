@@ -2,8 +2,9 @@
 
 A client that goes away (async_infer(...).cancel(), a client_timeout, a cancelled stream)
 cancels its request: still queued, it never runs, is answered CANCELLED inside the server
-(failure metric reason CANCELED, statistics fail count) and its shared-memory input is
-freed; running in a Python model, the model's is_cancelled() turns True, in a sync
+(failure metric reason CANCELED, statistics fail count; on the direct path, which the
+"stream" server takes for these models, once its instance reaches it) and its shared-memory
+input is freed; running in a Python model, the model's is_cancelled() turns True, in a sync
 execute() (Triton's execute_cancel example) and in a decoupled model's own thread.
 
 The models hold while a file named "hold" exists in their folder and log what they do to
@@ -209,11 +210,11 @@ def test_queued_request_cancelled_never_runs_and_frees_its_input(srv, gate):
     queued.cancel()
     tag, result, error = calls.get()
     assert (tag, result) == (2, None) and error.status() == str(grpc.StatusCode.CANCELLED)
+    (gate / "hold").unlink()
+    assert calls.get()[0] == 1
     wait_until(lambda: cancelled_count(srv, "gate") == cancels + 1, WAIT_S,
                "the CANCELED failure metric")
     assert metric(srv, "nv_inference_pending_request_count", "gate") == 0
-    (gate / "hold").unlink()
-    assert calls.get()[0] == 1
     # The next request runs; the cancelled one never did.
     out = client.infer("gate", gate_inputs(3)).as_numpy("OUT")
     assert out.tolist() == [3] and logged(gate, "calls") == [1, 3]
@@ -245,10 +246,10 @@ def test_many_queued_requests_cancelled_at_once(srv, gate):
                WAIT_S, "40 requests to be queued")
     for q in queued:
         q.cancel()
-    wait_until(lambda: cancelled_count(srv, "gate") == cancels + 40, WAIT_S,
-               "40 CANCELED failures")
     (gate / "hold").unlink()
     assert sorted(calls.get()[0] for _ in range(41)) == [1, *range(100, 140)]
+    wait_until(lambda: cancelled_count(srv, "gate") == cancels + 40, WAIT_S,
+               "40 CANCELED failures")
     assert client.infer("gate", gate_inputs(2, rows=4)).as_numpy("OUT").tolist() == [2]
     assert logged(gate, "calls") == [1, 2]
     client.close()
@@ -263,10 +264,10 @@ def test_client_timeout_cancels_a_queued_request(srv, gate):
     with pytest.raises(InferenceServerException) as e:
         client.infer("gate", gate_inputs(2, rows=4), client_timeout=1.0)
     assert e.value.status() == str(grpc.StatusCode.DEADLINE_EXCEEDED)
-    wait_until(lambda: cancelled_count(srv, "gate") == cancels + 1, WAIT_S,
-               "the CANCELED failure metric")
     (gate / "hold").unlink()
     assert calls.get()[0] == 1
+    wait_until(lambda: cancelled_count(srv, "gate") == cancels + 1, WAIT_S,
+               "the CANCELED failure metric")
     assert client.infer("gate", gate_inputs(3, rows=4)).as_numpy("OUT").tolist() == [3]
     assert logged(gate, "calls") == [1, 3]
     client.close()
@@ -310,10 +311,10 @@ def test_aio_task_cancel_cancels_a_queued_request(srv, gate):
         queued.cancel()
         with pytest.raises(asyncio.CancelledError):
             await queued
-        await asyncio.to_thread(wait_until, lambda: cancelled_count(srv, "gate") == cancels + 1,
-                                WAIT_S, "the CANCELED failure metric")
         (gate / "hold").unlink()
         assert (await first).as_numpy("OUT").tolist() == [1]
+        await asyncio.to_thread(wait_until, lambda: cancelled_count(srv, "gate") == cancels + 1,
+                                WAIT_S, "the CANCELED failure metric")
         await client.close()
 
     asyncio.run(run())

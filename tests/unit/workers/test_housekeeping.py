@@ -21,6 +21,7 @@ class _Sock:
 
 def _worker(arena: Arena) -> Worker:
     w = Worker.__new__(Worker)          # no scheduler, no model: only the tidying is exercised
+    w.hub, w.direct = None, None       # (no direct path)
     w.arena, w.segments, w.regions = arena, SegmentMap(), RegionMap()
     w.backend, w.pushers, w.sock = None, {}, _Sock()
     w.housekeeper, w._housekeeping = shm.Housekeeper(arena, w.segments), threading.Event()

@@ -61,6 +61,7 @@ class SchedulerSocket:
 
 def _worker(arena: Arena | None = None) -> Worker:
     w = Worker.__new__(Worker)          # no scheduler: only the result path is exercised
+    w.hub, w.direct = None, None       # (no direct path)
     w.pushers, w.unreachable, w.lent, w.orphans = {}, {}, {}, {}
     w.arena, w.lock, w.model = arena, threading.Lock(), "m"
     w.sock, w.scheduler_addr = SchedulerSocket(), "unix:///nonexistent/scheduler.sock"
