@@ -37,8 +37,8 @@ _EXITS_KEPT = 256
 
 class Route:
     """One instance's route, as this data plane uses it."""
-    __slots__ = ("conn", "connected", "goodbye", "key", "model", "outbox", "route", "shm",
-                 "timer", "waiting")
+    __slots__ = ("cancelled", "conn", "connected", "goodbye", "key", "model", "outbox", "route",
+                 "shm", "timer", "waiting")
 
     def __init__(self, route: m.Route, model: str, shm: bool) -> None:
         self.route = route
@@ -46,6 +46,7 @@ class Route:
         self.model = model
         self.shm = shm                   # this data plane can map the worker's segments
         self.waiting: dict[int, tuple[m.InferRequest, list[Any]]] = {}
+        self.cancelled: set[int] = set()   # of those, the ones whose caller went away
         self.connected = False
         self.goodbye = False
         self.conn: Connection | None = None
@@ -100,6 +101,7 @@ class DirectPath:
         running it, if it has not begun."""
         route = self.by_req.get(req_id)
         if route is not None and route.outbox is not None:
+            route.cancelled.add(req_id)
             route.outbox.cancel(req_id, model, version)
 
     def answered(self, req_id: int) -> None:
@@ -107,6 +109,8 @@ class DirectPath:
         route = self.by_req.pop(req_id, None)
         if route is not None:
             route.waiting.pop(req_id, None)
+            if route.cancelled:
+                route.cancelled.discard(req_id)
 
     def stale(self, req_id: int) -> None:
         """The worker refused ``req_id`` unrun: the scheduler's queue takes it."""
@@ -117,12 +121,13 @@ class DirectPath:
                 self._resend(*_rebased(*waiting))
 
     def waiting(self) -> dict[str, int]:
-        """Route address -> requests sent there and not answered yet (GetPending)."""
+        """Route address -> requests sent there and not answered yet, but those cancelled
+        (their worker answers them without running them): GetPending."""
         out: dict[str, int] = {}
         for route in self._routes.values():
             if route.waiting:
                 address = route.route.address
-                out[address] = out.get(address, 0) + len(route.waiting)
+                out[address] = out.get(address, 0) + len(route.waiting) - len(route.cancelled)
         return out
 
     def exits(self, exits: dict[str, m.ErrorRecord]) -> None:
@@ -132,10 +137,10 @@ class DirectPath:
             route = self._orphans.pop(address, None)
             if route is not None:
                 self._fail(route, error)
-            else:
+            else:   # (its connection has not closed yet; the first word stands)
                 if len(self._exits) >= _EXITS_KEPT:
                     self._exits.clear()
-                self._exits[address] = error
+                self._exits.setdefault(address, error)
 
     def forget(self) -> None:
         """The scheduler connection broke: every caller was answered (UNAVAILABLE), so

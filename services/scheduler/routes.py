@@ -65,6 +65,7 @@ class DirectRoutes:
         self._epochs = itertools.count(1)
         self._open: dict[str, Instance] = {}                  # worker id -> instance with a route
         self._revoking: dict[str, Instance] = {}              # worker id -> withdrawn, not yet EpochSet
+        self._announced: set[str] = set()                     # worker ids whose end frontends know
         self._acks: dict[tuple[str, int], asyncio.Future] = {}   # (worker id, epoch) -> EpochSet
         self._flushes: dict[tuple[int, str], asyncio.Future] = {}
         self._flush_ids = itertools.count(1)
@@ -109,7 +110,8 @@ class DirectRoutes:
     def announce(self, inst: Instance, code: int, text: str) -> None:
         """``inst``'s worker is killed or exited: frontends fail the requests they sent it
         directly with this error when its connection closes."""
-        if inst.direct_addr:
+        if inst.direct_addr and inst.worker_id not in self._announced:
+            self._announced.add(inst.worker_id)   # (the first word stands: why it was killed)
             self._changed([inst.model], exits={inst.direct_addr: m.ErrorRecord(int(code), text)})
 
     def exited(self, inst: Instance) -> None:
@@ -118,6 +120,7 @@ class DirectRoutes:
             inst.epoch = 0
         inst.revoking = False
         self._revoking.pop(inst.worker_id, None)
+        self._announced.discard(inst.worker_id)
         waiting = [f for (worker_id, _), f in self._acks.items() if worker_id == inst.worker_id]
         waiting += [f for (_, worker_id), f in self._flushes.items() if worker_id == inst.worker_id]
         for fut in waiting:   # nothing more comes from it

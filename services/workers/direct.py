@@ -71,6 +71,8 @@ class DirectSide:
         elif type(msg) is not m.Cancel:   # (one read late: its requests ran already)
             log.warning("dropped a %s on a direct connection: not a message for a worker",
                         type(msg).__name__)
+        if self._cancelled and not any(p is not None for p, _ in self.hub.queued):
+            self._cancelled.clear()   # every request read has run or was answered
 
     def _run(self, peer: Peer, req: m.InferRequest, frames: list[Any]) -> None:
         arrived = time.perf_counter_ns()
@@ -116,8 +118,6 @@ class DirectSide:
         key = (req.reply_to, req.req_id)
         hit = key in cancelled
         cancelled.discard(key)
-        if not any(peer is not None for peer, _ in queued):   # none left to be cancelled
-            cancelled.clear()
         return hit
 
     def _refuse(self, peer: Peer, req_id: int) -> None:

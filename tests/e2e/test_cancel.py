@@ -1,11 +1,12 @@
 """Request cancellation end to end, with the real server and the official client.
 
 A client that goes away (async_infer(...).cancel(), a client_timeout, a cancelled stream)
-cancels its request: still queued, it never runs, is answered CANCELLED inside the server
-(failure metric reason CANCELED, statistics fail count; on the direct path, which the
-"stream" server takes for these models, once its instance reaches it) and its shared-memory
-input is freed; running in a Python model, the model's is_cancelled() turns True, in a sync
-execute() (Triton's execute_cancel example) and in a decoupled model's own thread.
+cancels its request: still queued, it never runs (it leaves the pending count at once), is
+answered CANCELLED inside the server (failure metric reason CANCELED, statistics fail count;
+on the direct path, which the "stream" server takes for these models, once its instance
+reaches it) and its shared-memory input is freed; running in a Python model, the model's
+is_cancelled() turns True, in a sync execute() (Triton's execute_cancel example) and in a
+decoupled model's own thread.
 
 The models hold while a file named "hold" exists in their folder and log what they do to
 files there, so every wait below is a poll with a deadline on the server's own state.
@@ -210,6 +211,8 @@ def test_queued_request_cancelled_never_runs_and_frees_its_input(srv, gate):
     queued.cancel()
     tag, result, error = calls.get()
     assert (tag, result) == (2, None) and error.status() == str(grpc.StatusCode.CANCELLED)
+    wait_until(lambda: metric(srv, "nv_inference_pending_request_count", "gate") == 0,
+               WAIT_S, "the cancel to reach the server")   # (still queued: it will not run)
     (gate / "hold").unlink()
     assert calls.get()[0] == 1
     wait_until(lambda: cancelled_count(srv, "gate") == cancels + 1, WAIT_S,
@@ -246,6 +249,8 @@ def test_many_queued_requests_cancelled_at_once(srv, gate):
                WAIT_S, "40 requests to be queued")
     for q in queued:
         q.cancel()
+    wait_until(lambda: metric(srv, "nv_inference_pending_request_count", "gate") == 0,
+               WAIT_S, "the cancel to reach the server")   # (still queued: it will not run)
     (gate / "hold").unlink()
     assert sorted(calls.get()[0] for _ in range(41)) == [1, *range(100, 140)]
     wait_until(lambda: cancelled_count(srv, "gate") == cancels + 40, WAIT_S,
@@ -264,6 +269,8 @@ def test_client_timeout_cancels_a_queued_request(srv, gate):
     with pytest.raises(InferenceServerException) as e:
         client.infer("gate", gate_inputs(2, rows=4), client_timeout=1.0)
     assert e.value.status() == str(grpc.StatusCode.DEADLINE_EXCEEDED)
+    wait_until(lambda: metric(srv, "nv_inference_pending_request_count", "gate") == 0,
+               WAIT_S, "the cancel to reach the server")   # (still queued: it will not run)
     (gate / "hold").unlink()
     assert calls.get()[0] == 1
     wait_until(lambda: cancelled_count(srv, "gate") == cancels + 1, WAIT_S,
@@ -311,6 +318,9 @@ def test_aio_task_cancel_cancels_a_queued_request(srv, gate):
         queued.cancel()
         with pytest.raises(asyncio.CancelledError):
             await queued
+        await asyncio.to_thread(
+            wait_until, lambda: metric(srv, "nv_inference_pending_request_count", "gate") == 0,
+            WAIT_S, "the cancel to reach the server")
         (gate / "hold").unlink()
         assert (await first).as_numpy("OUT").tolist() == [1]
         await asyncio.to_thread(wait_until, lambda: cancelled_count(srv, "gate") == cancels + 1,
