@@ -26,11 +26,13 @@ from services.common import messages as m  # noqa: E402
 from services.common import shm, transport_stream  # noqa: E402
 from services.common.config import parse_pbtxt  # noqa: E402
 from services.dataplane.client import DataPlane  # noqa: E402
+from services.dataplane.direct import DirectPath  # noqa: E402
 from services.dataplane.outbox import Outbox  # noqa: E402
 from services.frontend.settings import FrontendSettings  # noqa: E402
 from services.scheduler.main import Scheduler, SchedulerSettings  # noqa: E402
 from services.workers.backends.base import create_backend  # noqa: E402
 from services.workers.main import Worker  # noqa: E402
+from services.workers.results import ResultSender  # noqa: E402
 
 A, B = add_sub_inputs()
 SERVICE = "/inference.GRPCInferenceService/ModelInfer"
@@ -215,6 +217,8 @@ class Rig:
         dp._sched = conn
         dp._loop = self.loop                         # (what start() sets)
         dp._outbox = Outbox(dp._send_parts, dp._deliver, self.result_addr, self.loop)
+        dp._direct = DirectPath(self.loop, self.result_addr, self.domain, dp._dispatch,
+                                dp._deliver, dp._resend)   # (no routes here: the scheduled path)
         for name in ("add_sub", ENSEMBLE):
             self.front_peer.data_received(framed(m.encode(m.GetModelInfo(next(dp._ids), name))))
             info, _ = m.decode(split(self.to_frontend))
@@ -235,7 +239,7 @@ class Rig:
         w = Worker.__new__(Worker)
         w.worker_id, w.scheduler_addr = inst.worker_id, f"unix://{self.tmp}/w.sock"
         w.sock = FakeBlocking()
-        w.pushers, w.unreachable, w.lent, w.orphans = {self.result_addr: FakeBlocking()}, {}, {}, {}
+        w.hub, w.direct = None, None   # (the scheduled path: ExecuteBatch in, BatchDone out)
         w.segments, w.regions = shm.SegmentMap(), None
         w.arena, w.shm_ok, w.domain = shm.Arena("out"), True, self.domain
         w.housekeeper = shm.Housekeeper(w.arena, w.segments)
@@ -244,7 +248,10 @@ class Rig:
                                                     f"{name}_0", step_addr=self.sched.step_addr))
         w.batch_io, w.sequence_io = None, None
         w.config_outputs = [o.name for o in w.backend.config.output]
-        w.lock, w.model, w.step_addr, w.running = threading.Lock(), name, self.sched.step_addr, True
+        w.lock, w.model, w.running = threading.Lock(), name, True
+        w.results = ResultSender(w.sock, w.scheduler_addr, w.arena, w.lock)
+        w.results.pushers[self.result_addr] = FakeBlocking()
+        w.results.model, w.results.step_addr = name, self.sched.step_addr
         w._finals, w._streaming, w._first_at = set(), set(), {}
         return w
 
@@ -260,7 +267,7 @@ class Rig:
         w = self.workers[model]
         msg, frames = m.decode(split(data), for_worker=True)
         w.execute(msg, frames)
-        return w.pushers[self.result_addr].last, w.sock.last
+        return w.results.pushers[self.result_addr].last, w.sock.last
 
 
 # ============================================================================ client bytes

@@ -133,7 +133,7 @@ def tables(res: dict) -> str:
         ("worker", "output placement (inline frames) + `InferResult`",
          "workers/main.py `Worker._add_result` (`_to_wire`)", st["worker.add_result"],
          ("{m}: output_start→compute_end",)),
-        ("worker", "result encode + framing", "results.py `ResultSender._push` → `encode`",
+        ("worker", "result encode + framing", "results.py `ResultSender.push` → `encode`",
          st["worker.push_result"], None),
         ("worker", "BatchDone encode + framing", "workers/main.py `Worker.execute` → `encode`",
          st["worker.batch_done"], None),

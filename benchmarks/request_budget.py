@@ -344,7 +344,7 @@ def scheduler_worker_stages(rig: Rig, n: int, repeats: int) -> dict[str, float]:
     replies: dict = {}
     w._add_result(replies, item, chosen)
     results, rframes = replies[item.reply_to]
-    pusher = w.pushers[rig.result_addr]
+    pusher = w.results.pushers[rig.result_addr]
     out["worker.push_result"] = per_call(lambda: pusher.send(m.encode(results[0], rframes)), n, repeats)
     out["worker.batch_done"] = per_call(lambda: framed(m.encode(done)), n, repeats)
     out["worker.whole"] = per_call(lambda: rig.worker_runs("add_sub", batch_bytes), n, repeats)

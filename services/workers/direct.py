@@ -80,11 +80,11 @@ class DirectSide:
         if req.epoch != self.epoch or not self.epoch:
             self._refuse(peer, req.req_id)
             return
-        if w.pushers.get(req.reply_to) is not peer:
+        if w.results.pushers.get(req.reply_to) is not peer:
             self._adopt(peer, req.reply_to)
         if self._was_cancelled(req):
             with w.lock:
-                w._push(req.reply_to, m.InferResult(req.req_id, error=m.ErrorRecord(
+                w.results.push(req.reply_to, m.InferResult(req.req_id, error=m.ErrorRecord(
                     int(Code.CANCELLED), CANCELLED_TEXT)))
             now = time.perf_counter_ns()
             self._records.append(m.DirectRecord(req.batch_size, 1, 0, 0, 0, now - arrived,
@@ -131,8 +131,8 @@ class DirectSide:
         connection to its result socket, if any, is closed: what it sent is delivered)."""
         w = self.worker
         with w.lock:
-            old = w.pushers.get(address)
-            w.pushers[address] = peer
+            old = w.results.pushers.get(address)
+            w.results.pushers[address] = peer
         if old is not None and old is not peer:
             old.close()
 
@@ -141,9 +141,9 @@ class DirectSide:
         the output blocks lent to it, are handled as for a broken result connection."""
         w = self.worker
         with w.lock:
-            if w.pushers.get(peer.name) is peer:
-                del w.pushers[peer.name]
-                w._orphan(peer.name)
+            if w.results.pushers.get(peer.name) is peer:
+                del w.results.pushers[peer.name]
+                w.results.orphan(peer.name)
 
     # ------------------------------------------------------------------ statistics
     def record(self, rows: int, failed: int, t0: int, t1: int, t2: int, t3: int,

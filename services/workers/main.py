@@ -10,7 +10,7 @@ The loop is synchronous on purpose: a worker runs one batch at a time, and a fra
 call holds the thread anyway. Inputs are read in place (ZeroMQ frames or the frontend's
 shared memory); outputs above the inline threshold go into this worker's own arena and
 are freed when the consumer sends them back (ReleaseOutputs, via the scheduler). The
-result connections, their retries and the lent blocks are results.py's (ResultSender).
+result connections, their retries and the lent blocks are results.py's (ResultSender, owned).
 A thread of its own tidies shared memory every shm.HOUSEKEEPING_S (shm.Housekeeper): the loop
 blocks on its socket, and the arena and segment map are safe to tidy from another thread.
 """
@@ -52,18 +52,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("trireme.worker")
 
 
-class Worker(ResultSender):
+class Worker:
     def __init__(self, scheduler_addr: str, worker_id: str, inline_threshold: int = DEFAULT_INLINE_THRESHOLD,
                  use_shm: bool = True) -> None:
         self.worker_id = worker_id
         self.scheduler_addr = scheduler_addr
         self.sock = transport.connect_blocking(scheduler_addr, worker_id.encode())
-        self.pushers: dict[str, Any] = {}   # result address -> connection
-        self.unreachable: dict[str, float] = {}   # result address -> when it last failed
-        # Output blocks sent and not yet released: block -> the result address it went to;
-        # those of a frontend found dead wait out results._ORPHAN_GRACE_S in `orphans`.
-        self.lent: dict[tuple[str, int], str] = {}
-        self.orphans: dict[tuple[str, int], float] = {}
         self.segments = SegmentMap()
         self._housekeeping = threading.Event()   # set: the housekeeping thread stops
         self.regions = RegionMap()   # client shared memory (read in place, outputs written there)
@@ -85,8 +79,10 @@ class Worker(ResultSender):
         # A Python model may send responses from its own threads: the output arena and
         # the result sockets are used under this lock.
         self.lock = threading.Lock()
+        # Results on their way to frontends (those for the scheduler's step socket go
+        # inside BatchDone instead), and the output blocks lent with them
+        self.results = ResultSender(self.sock, scheduler_addr, self.arena, self.lock)
         self.model = ""
-        self.step_addr = ""   # results addressed here go to the scheduler inside BatchDone
         self.running = True
         # Decoupled answers that outlive execute(): finals sent while their batch still ran,
         # and requests left open when it ended (reported in BatchDone.streaming, and their
@@ -143,7 +139,7 @@ class Worker(ResultSender):
             m.DirectEpoch: lambda msg, frames: direct.set_epoch(msg) if direct else None,
             m.FlushStats: lambda msg, frames: direct.send_stats(msg.flush_id) if direct else None,
             m.ExecuteBatch: execute,
-            m.ReleaseOutputs: lambda msg, frames: self.release(msg.blocks),
+            m.ReleaseOutputs: lambda msg, frames: self.results.release(msg.blocks),
             m.ForgetRegions: lambda msg, frames: self.regions.forget(msg.keys),
             m.ProbeReady: lambda msg, frames: self.probe(msg),
             m.LoadModel: lambda msg, frames: self.load(msg),
@@ -178,8 +174,7 @@ class Worker(ResultSender):
                 self.backend.close()
             except Exception:
                 log.exception("backend close failed")
-        for s in self.pushers.values():
-            s.close()
+        self.results.close()
         self.sock.close()
         self.segments.close()
         self.regions.close()
@@ -191,8 +186,8 @@ class Worker(ResultSender):
         from protos import model_config_pb2 as mc
         from services.workers.backends.base import create_backend
 
-        self.model = msg.model
-        self.step_addr = msg.step_addr
+        self.model = self.results.model = msg.model
+        self.results.step_addr = msg.step_addr
         # BLS requests enter at the scheduler's frontend socket: bound to every interface
         # there, it is reached here by the host our own connection uses.
         msg.frontend_addr = transport.reachable(msg.frontend_addr, self.scheduler_addr)
@@ -263,7 +258,7 @@ class Worker(ResultSender):
                 self._run_batch(items, per_item, replies, times)
         except Exception as e:
             for results, _ in replies.values():     # blocks of results never sent
-                self.release([(r.segment, r.offset) for res in results for r in res.outputs
+                self.results.release([(r.segment, r.offset) for res in results for r in res.outputs
                               if r.segment])
             if not isinstance(e, TriremeError):
                 log.exception("execution failed")
@@ -277,7 +272,7 @@ class Worker(ResultSender):
             stamp_results(items, replies, (t0, times[0], times[1], time.perf_counter_ns()))
         # Nothing is sent before the batch's fate is known, so each request gets one answer.
         with self.lock:
-            steps, step_frames = self._flush(replies)
+            steps, step_frames = self.results.flush(replies)
             streaming = []
             for it in waiting:
                 key = (it.reply_to, it.req_id)
@@ -307,10 +302,10 @@ class Worker(ResultSender):
             return m.encode(msg, frames)
         except m.ENCODE_ERRORS:
             if isinstance(msg, m.BatchDone):
-                fixed, _ = self._encodable(m.InferResults(msg.results), frames)
+                fixed, _ = self.results.encodable(m.InferResults(msg.results), frames)
                 msg.results = fixed.results if isinstance(fixed, m.InferResults) else [fixed]
             else:
-                msg, _ = self._encodable(msg, frames)
+                msg, _ = self.results.encodable(msg, frames)
             return m.encode(msg, frames)
 
     def _run_batch(self, items: list[m.BatchItem], per_item: list[dict], replies: dict,
@@ -387,7 +382,7 @@ class Worker(ResultSender):
             stamp_results((item,), replies, ())
         key = (item.reply_to, item.req_id)
         with self.lock:
-            steps, step_frames = self._flush(replies)
+            steps, step_frames = self.results.flush(replies)
             if steps:   # a decoupled ensemble step's response, on the scheduler connection
                 self.sock.send(self._encoded(m.InferResults(steps), step_frames))
             if (error is not None or outputs is not None) and key not in self._first_at:

@@ -1,5 +1,5 @@
-"""A worker's results on their way to the frontends: a mixin of the Worker (main.py),
-whose state it uses.
+"""A worker's results on their way to the frontends: an object the Worker (main.py) owns
+and hands each batch's results to.
 
 One connection per frontend result address, kept. A connection found broken (its frontend
 died; `trireme serve` respawns one on the same address) is replaced and the message sent
@@ -35,20 +35,31 @@ _ORPHAN_GRACE_S = 10.0
 
 
 class ResultSender:
-    """The Worker's result sockets, retries and lent-block tracking."""
+    """The worker's result sockets, retries and lent-block tracking. ``sock`` is the
+    connection to the scheduler (results relayed through it); ``lock`` is the worker's,
+    held by every caller of flush() and push(): a Python model may answer from its own
+    threads."""
 
-    pushers: dict[str, Any]
-    unreachable: dict[str, float]
-    lent: dict[tuple[str, int], str]
-    orphans: dict[tuple[str, int], float]
-    arena: Arena | None
-    sock: Any                      # the connection to the scheduler
-    step_addr: str                 # the scheduler's step socket (LoadModel.step_addr)
-    scheduler_addr: str
-    lock: threading.Lock
-    model: str
+    def __init__(self, sock: Any, scheduler_addr: str, arena: Arena | None,
+                 lock: threading.Lock) -> None:
+        self.sock = sock
+        self.scheduler_addr = scheduler_addr
+        self.arena = arena
+        self.lock = lock
+        self.pushers: dict[str, Any] = {}   # result address -> connection
+        self.unreachable: dict[str, float] = {}   # result address -> when it last failed
+        # Output blocks sent and not yet released: block -> the result address it went to;
+        # those of a frontend found dead wait out _ORPHAN_GRACE_S in `orphans`.
+        self.lent: dict[tuple[str, int], str] = {}
+        self.orphans: dict[tuple[str, int], float] = {}
+        self.step_addr = ""   # the scheduler's step socket (LoadModel.step_addr)
+        self.model = ""       # its name, for the error of a result that cannot be sent
 
-    def _flush(self, replies: dict) -> tuple[list[m.InferResult], list[Any]]:
+    def close(self) -> None:
+        for conn in self.pushers.values():
+            conn.close()
+
+    def flush(self, replies: dict) -> tuple[list[m.InferResult], list[Any]]:
         """Send ``replies`` (reply_to -> (results, frames)) on their way; those for the
         scheduler's step socket are returned instead, for BatchDone to carry."""
         steps: tuple[list[m.InferResult], list[Any]] = ([], [])
@@ -56,11 +67,11 @@ class ResultSender:
             if address == self.step_addr:
                 steps = (results, frames)
             else:
-                self._push(address, results[0] if len(results) == 1 else m.InferResults(results),
+                self.push(address, results[0] if len(results) == 1 else m.InferResults(results),
                            frames)
         return steps
 
-    def _push(self, address: str, msg: Any, frames: list[Any] = ()) -> None:
+    def push(self, address: str, msg: Any, frames: list[Any] = ()) -> None:
         """Send results to a frontend's result socket (under self.lock). A connection found
         broken (its frontend died; `trireme serve` respawns one on the same address) is
         replaced by a fresh one and the message sent once more, so a respawned frontend
@@ -69,7 +80,7 @@ class ResultSender:
         try:
             parts = m.encode(msg, frames)
         except m.ENCODE_ERRORS:
-            msg, parts = self._encodable(msg, frames)
+            msg, parts = self.encodable(msg, frames)
         retried = False
         while True:
             conn = self.pushers.get(address)
@@ -96,7 +107,7 @@ class ResultSender:
                 gone = self.pushers.pop(address, None)
                 if gone is not None:
                     gone.close()
-                    self._orphan(address)
+                    self.orphan(address)
                 if fresh or retried:   # a fresh connection failed: that frontend is gone
                     log.warning("cannot send results to %s: %s", address, e)
                     break
@@ -121,7 +132,7 @@ class ResultSender:
         except OSError as e:
             log.warning("cannot relay results for %s through the scheduler: %s", address, e)
 
-    def _encodable(self, msg: Any, frames: list[Any]) -> tuple[Any, list[Any]]:
+    def encodable(self, msg: Any, frames: list[Any]) -> tuple[Any, list[Any]]:
         """``msg`` failed to encode (a model's value msgpack cannot hold): every result
         that encodes alone goes as it is, each other one becomes an error for its request.
         Returns the message to send and its parts."""
@@ -148,7 +159,7 @@ class ResultSender:
         if self.orphans:
             self._free_orphans(time.monotonic())
 
-    def _orphan(self, address: str) -> None:
+    def orphan(self, address: str) -> None:
         """The connection to ``address`` broke: the frontend that got the blocks lent to it
         died and will release none of them (any release it sent first still counts)."""
         if not self.lent:

@@ -10,6 +10,7 @@ from services.common import shm
 from services.common.client_shm import RegionMap
 from services.common.shm import IDLE_S, Arena, SegmentMap
 from services.workers.main import Worker
+from services.workers.results import ResultSender
 
 KIB = 1024
 
@@ -23,9 +24,9 @@ def _worker(arena: Arena) -> Worker:
     w = Worker.__new__(Worker)          # no scheduler, no model: only the tidying is exercised
     w.hub, w.direct = None, None       # (no direct path)
     w.arena, w.segments, w.regions = arena, SegmentMap(), RegionMap()
-    w.backend, w.pushers, w.sock = None, {}, _Sock()
+    w.backend, w.sock, w.lock = None, _Sock(), threading.Lock()
     w.housekeeper, w._housekeeping = shm.Housekeeper(arena, w.segments), threading.Event()
-    w.lock, w.lent, w.orphans = threading.Lock(), {}, {}
+    w.results = ResultSender(w.sock, "", arena, w.lock)
     return w
 
 
@@ -50,7 +51,7 @@ def test_housekeep_gives_back_released_outputs_and_unread_inputs():
         assert not w.housekeep(time.monotonic() + IDLE_S + 1)
         assert len(w.arena.segments) == 2 and inp.segment in w.segments
         assert not w.housekeeper.busy
-        w.release(outs)                                          # the frontend is done
+        w.results.release(outs)                                          # the frontend is done
         assert w.housekeep(time.monotonic() + IDLE_S + 1)
         assert w.arena.segments == [outs[0][0]]
         assert inp.segment not in w.segments                     # no batch read it since

@@ -15,7 +15,7 @@ import pytest
 from services.common import messages as m
 from services.common import transport_stream
 from services.common.shm import Arena
-from services.workers.main import Worker
+from services.workers.results import ResultSender
 
 
 class FakeFrontend:
@@ -59,18 +59,17 @@ class SchedulerSocket:
         self.sent.append([bytes(p) for p in parts])
 
 
-def _worker(arena: Arena | None = None) -> Worker:
-    w = Worker.__new__(Worker)          # no scheduler: only the result path is exercised
-    w.hub, w.direct = None, None       # (no direct path)
-    w.pushers, w.unreachable, w.lent, w.orphans = {}, {}, {}, {}
-    w.arena, w.lock, w.model = arena, threading.Lock(), "m"
-    w.sock, w.scheduler_addr = SchedulerSocket(), "unix:///nonexistent/scheduler.sock"
+def _worker(arena: Arena | None = None) -> ResultSender:
+    """A worker's result path alone (no scheduler: its socket records what is relayed)."""
+    w = ResultSender(SchedulerSocket(), "unix:///nonexistent/scheduler.sock", arena,
+                     threading.Lock())
+    w.model = "m"
     return w
 
 
-def _push(w: Worker, address: str, msg) -> None:
-    with w.lock:                        # as _flush calls it
-        w._push(address, msg, [])
+def _push(w: ResultSender, address: str, msg) -> None:
+    with w.lock:                        # as flush calls it
+        w.push(address, msg, [])
 
 
 def _address(kind: str, tmp_path) -> str:
