@@ -336,7 +336,11 @@ class Connection:
             queued, self._queue = self._queue, []
             for parts in queued:
                 _write(transport, parts)
-            if self.on_state is not None:
+            # A peer that died as we connected (its listening socket still took us) closes
+            # the transport at once: not a connection to announce. What the announcement
+            # would send (a worker host's HostHello) would be queued for the next one and
+            # arrive there twice.
+            if self.on_state is not None and not transport.is_closing():
                 self.on_state(True)
             return
 
