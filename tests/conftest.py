@@ -106,6 +106,18 @@ class Server:
                     return set()
         return {self.proc.pid}
 
+    def workers(self, model: str) -> list[tuple[int, str]]:
+        """(pid, instance name) of each worker titled 'trireme worker <instance> (<model> vN)'."""
+        found = []
+        for pid in self.family():
+            try:
+                cmd = " ".join(psutil.Process(pid).cmdline())
+            except psutil.NoSuchProcess:
+                continue
+            if cmd.startswith("trireme worker ") and f"({model} v" in cmd:
+                found.append((pid, cmd.split()[2]))
+        return found
+
     def frontend_pids(self) -> list[int]:
         """The frontend processes the server started, in pid order."""
         out = []

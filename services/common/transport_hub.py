@@ -22,16 +22,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from services.common.transport_stream import (
-    _JOIN_BELOW,
-    _PEER_GONE,
-    _U32,
     BlockingConnection,
     FramingError,
     _Assembler,
     _bound_socket,
     _tune,
-    frame,
     parse,
+    send_blocking,
 )
 
 log = logging.getLogger(__name__)
@@ -59,15 +56,10 @@ class Peer:
 
     def send(self, parts: Sequence[Any]) -> None:
         """Raises OSError when the frontend has closed the connection (BlockingConnection.send)."""
-        bufs = frame(parts)
         with self._lock:
-            if self.closed or any(ev & _PEER_GONE for _, ev in self._poll.poll(0)):
+            if self.closed:
                 raise BrokenPipeError(f"direct connection from {self.name} closed")
-            if _U32.unpack_from(bufs[0], 0)[0] < _JOIN_BELOW:
-                self.sock.sendall(b"".join(bufs))
-            else:
-                for b in bufs:
-                    self.sock.sendall(b)
+            send_blocking(self.sock, self._poll, parts, f"direct connection from {self.name}")
 
     def close(self) -> None:
         with self._lock:

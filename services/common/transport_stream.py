@@ -369,6 +369,35 @@ class Connection:
 
 
 # ---------------------------------------------------------------------- blocking side
+def peer_closed(poll: Any) -> bool:
+    """Whether the peer closed (or reset) a connection, from a poll (registered for
+    POLLRDHUP) that never blocks: data waiting for the reader does not count. (0.6 us; a
+    MSG_PEEK recv, which raises when there is nothing to read, costs 2.5 us.)"""
+    for _, events in poll.poll(0):
+        return bool(events & _PEER_GONE)
+    return False
+
+
+def send_blocking(sock: socket.socket, poll: Any, parts: Sequence[Any], what: str) -> None:
+    """One message on a blocking socket (the caller holds its send lock). Raises OSError
+    (BrokenPipeError when the peer has closed): the closed peer is looked for first, since
+    TCP accepts one write after the peer closed and loses it."""
+    bufs = frame(parts)
+    if peer_closed(poll):
+        raise BrokenPipeError(f"{what} closed by the peer")
+    if _U32.unpack_from(bufs[0], 0)[0] < _JOIN_BELOW:
+        sock.sendall(b"".join(bufs))
+        return
+    views = [memoryview(b).cast("B") for b in bufs]
+    while views:
+        sent = sock.sendmsg(views)
+        while views and sent >= views[0].nbytes:
+            sent -= views[0].nbytes
+            views.pop(0)
+        if sent:
+            views[0] = views[0][sent:]
+
+
 class BlockingConnection:
     """A connecting end for a thread that blocks (the worker): recv() in one thread, send()
     from any. Connects at once, retrying until ``timeout`` (None: forever)."""
@@ -405,29 +434,11 @@ class BlockingConnection:
         """Raises OSError (BrokenPipeError when the peer has closed) if the message cannot
         go. The closed peer is looked for first: TCP accepts one write after the peer
         closed and loses it, a Unix socket fails it; either way the caller learns."""
-        bufs = frame(parts)
         with self._lock:
-            if self._peer_closed():
-                raise BrokenPipeError(f"connection to {self.address} closed by the peer")
-            if _U32.unpack_from(bufs[0], 0)[0] < _JOIN_BELOW:
-                self.sock.sendall(b"".join(bufs))
-                return
-            views = [memoryview(b).cast("B") for b in bufs]
-            while views:
-                sent = self.sock.sendmsg(views)
-                while views and sent >= views[0].nbytes:
-                    sent -= views[0].nbytes
-                    views.pop(0)
-                if sent:
-                    views[0] = views[0][sent:]
+            send_blocking(self.sock, self._poll, parts, f"connection to {self.address}")
 
     def _peer_closed(self) -> bool:
-        """Whether the peer closed (or reset) the connection, from a poll that never blocks:
-        data waiting for the reader does not count. (0.6 us; a MSG_PEEK recv, which raises
-        when there is nothing to read, costs 2.5 us.)"""
-        for _, events in self._poll.poll(0):
-            return bool(events & _PEER_GONE)
-        return False
+        return peer_closed(self._poll)
 
     def recv(self) -> list[memoryview]:
         """The next message's parts; EOFError when the peer closed the connection."""

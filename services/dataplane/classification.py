@@ -29,6 +29,8 @@ import numpy as np
 
 from services.common.datatypes import numpy_dtype, serialize_bytes_tensor
 from services.common.errors import invalid_arg
+from services.common.messages import ModelInfo
+from services.dataplane.types import CoreRequest, CoreResponse, OutputTensor
 
 __all__ = ["MAX_ELEMENTS", "class_count", "classify", "format_values", "heap_sort", "std_sort_order",
            "top_indices"]
@@ -245,3 +247,20 @@ def _insertion_sort(v: np.ndarray) -> np.ndarray:
             j -= 1
         vals[j], order[j] = val, pos
     return np.asarray(order, dtype=np.intp)
+
+
+def classify_outputs(req: CoreRequest, info: ModelInfo, resp: CoreResponse) -> None:
+    """The outputs ``req`` asked for with "classification": k become their top-k entries
+    (BYTES) in ``resp``, once here for every protocol. Raises TriremeError for a datatype
+    Triton refuses."""
+    wanted = {o.name: o.parameters["classification"] for o in req.outputs or ()
+              if "classification" in o.parameters}
+    if not wanted:
+        return
+    batching = info.max_batch_size > 0
+    for i, out in enumerate(resp.outputs):
+        k = wanted.get(out.name)
+        if k is not None:
+            shape, data = classify(out.datatype, out.shape, out.data, k,
+                                   info.labels.get(out.name, ()), batching)
+            resp.outputs[i] = OutputTensor(out.name, "BYTES", shape, data)

@@ -46,7 +46,7 @@ from services.common.shm import (
 )
 from services.common.shm import domain as shm_domain
 from services.common.states import ModelState
-from services.dataplane.classification import classify
+from services.dataplane.classification import classify_outputs
 from services.dataplane.control import ControlCalls, TraceCalls, error_from
 from services.dataplane.direct import DirectPath
 from services.dataplane.outbox import Outbox
@@ -565,29 +565,12 @@ class DataPlane(ControlCalls, TraceCalls):
                 resp.blocks.append((ref.segment, ref.offset))
             resp.outputs.append(OutputTensor(ref.name, ref.datatype, ref.shape, data))
         if req.outputs and info is not None:
-            self._classify(req, info, resp)
-        return resp
-
-    def _classify(self, req: CoreRequest, info: m.ModelInfo, resp: CoreResponse) -> None:
-        """Outputs requested with "classification": k become their top-k entries (BYTES),
-        once here for every protocol (classification.py). A datatype Triton refuses fails
-        the response; its output blocks go back to their worker first."""
-        wanted = {o.name: o.parameters["classification"] for o in req.outputs or ()
-                  if "classification" in o.parameters}
-        if not wanted:
-            return
-        batching = info.max_batch_size > 0
-        for i, out in enumerate(resp.outputs):
-            k = wanted.get(out.name)
-            if k is None:
-                continue
-            try:
-                shape, data = classify(out.datatype, out.shape, out.data, k,
-                                       info.labels.get(out.name, ()), batching)
-            except TriremeError:
+            try:   # outputs asked for with "classification": their top-k, for every protocol
+                classify_outputs(req, info, resp)
+            except TriremeError:   # a datatype Triton refuses: the blocks go back first
                 self.release(resp)
                 raise
-            resp.outputs[i] = OutputTensor(out.name, "BYTES", shape, data)
+        return resp
 
     def _free_inputs(self, blocks: list[Any]) -> None:
         if self._arena is not None:

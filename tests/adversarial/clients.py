@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
+import models
 import numpy as np
 import psutil
 import pytest
@@ -19,6 +20,18 @@ ANSWER_S = 30.0
 SLACK = 64 * MIB                  # as the other adversarial tests: the allocator's noise
 SETTLE_S = 40.0                   # idle segments go after 10 s + a 5 s tick or two
 QUIET_S = 2.0                     # no progress this long: a slow client is stuck
+
+
+def identity_model(root) -> None:
+    """The identity model the memory tests send to: FP32 [-1], batching, one instance: the
+    warm-up opens what traffic keeps for good (each frontend's direct connection to the
+    worker, the worker's first output segment), so a burst adds nothing."""
+    models.identity(root / "identity", "fp32")
+    models.write_config(root / "identity",
+                        'max_batch_size: 8\n'
+                        'input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
+                        'output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
+                        'instance_group [{ kind: KIND_CPU, count: 1 }]\n')
 
 
 class IdentityClient:

@@ -24,7 +24,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
-import models
 import numpy as np
 import psutil
 import pytest
@@ -34,7 +33,7 @@ from conftest import shm_segments, start_server, wait_until
 
 from protos import grpc_service_pb2 as pb
 from protos import grpc_service_pb2_grpc as pbg
-from tests.adversarial.clients import ANSWER_S, MIB, IdentityClient, N
+from tests.adversarial.clients import ANSWER_S, MIB, IdentityClient, N, identity_model
 
 RSS_BOUND = 64 * MIB              # as the other adversarial tests: below 16 requests' bodies
 WAVES = 5
@@ -53,14 +52,7 @@ VARIANTS = {"native": (), "aio": ("--grpc-impl", "aio"),
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     root = tmp_path_factory.mktemp("cancelled_calls") / "models"
-    models.identity(root / "identity", "fp32")
-    # One instance: the warm-up opens what traffic keeps for good (each frontend's direct
-    # connection to the worker, the worker's first output segment); a burst adds nothing.
-    models.write_config(root / "identity",
-                        'max_batch_size: 8\n'
-                        'input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
-                        'output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
-                        'instance_group [{ kind: KIND_CPU, count: 1 }]\n')
+    identity_model(root)
     return root
 
 

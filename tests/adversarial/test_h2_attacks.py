@@ -1,4 +1,4 @@
-"""Attacks on the gRPC port of a real `trireme serve`: one test per attack of issue 13.
+"""Attacks on the gRPC port of a real `trireme serve`: one test per attack.
 
 Measured on main before the limits (grpc/limits.py): a 14-byte stream whose length prefix
 declares 2,000,000,000 bytes made the frontend allocate and zero 2 GB; 100,000 open streams

@@ -1,4 +1,4 @@
-"""Attacks on the HTTP/1.1 frontend (issue 13, items 2, 4 and 5), one test each, against a
+"""Attacks on the HTTP/1.1 frontend, one test each, against a
 real `trireme serve` (one frontend) started with small limits so that each runs in seconds:
 --http-header-timeout-secs 2, --http-body-timeout-secs 2, --http-max-connections 64.
 

@@ -1,7 +1,7 @@
 """Attack: request parameters holding integers beyond 64 bits, interleaved with normal traffic.
 
 msgpack cannot encode an integer outside [-2**63, 2**64 - 1]. The frontend merges the
-requests of one event-loop turn into one message to the scheduler, so before issue 13 one
+requests of one event-loop turn into one message to the scheduler, so before these checks one
 such request made every request coalesced with it vanish (136 bad requests among 16 normal
 clients lost 49 normal requests) and was never answered itself. Now each bad request is
 answered 400 naming its parameter, and no normal request is lost or hangs.

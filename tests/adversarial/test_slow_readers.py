@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 
 import grpc
-import models
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -50,6 +49,7 @@ from tests.adversarial.clients import (
     IdentityClient,
     N,
     Watch,
+    identity_model,
     quiet,
     worker_process,
 )
@@ -136,14 +136,7 @@ def _burst_config(name: str, output: str) -> str:
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("slow_readers") / "models"
-    models.identity(root / "identity", "fp32")
-    # One instance: the warm-up opens what traffic keeps for good (the frontend's direct
-    # connection to the worker, the worker's first output segment); a burst adds nothing.
-    models.write_config(root / "identity",
-                        'max_batch_size: 8\n'
-                        'input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
-                        'output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }]\n'
-                        'instance_group [{ kind: KIND_CPU, count: 1 }]\n')
+    identity_model(root)
     python_model(root, "burst", BURST, _burst_config(
         "burst", '{ name: "OUT" data_type: TYPE_UINT8 dims: [ -1 ] }'))
     python_model(root, "burst_text", BURST, _burst_config(

@@ -31,7 +31,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import tempfile
 import threading
 import time
@@ -45,6 +44,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from conftest import start_server, wait_until
 from tritonclient.utils import InferenceServerException
+from unix_sockets import direct_path_of, direct_sockets, queued_bytes
 
 from tests.models_python import ADD_SUB, io_config, python_model
 
@@ -133,67 +133,9 @@ def client(direct):
 
 def worker(server, model: str) -> tuple[int, str]:
     """(pid, instance name) of the one worker titled 'trireme worker <instance> (<model> vN)'."""
-    found = workers(server, model)
+    found = server.workers(model)
     assert len(found) == 1, f"workers of {model}: {found}"
     return found[0]
-
-
-def workers(server, model: str) -> list[tuple[int, str]]:
-    found = []
-    for pid in server.family():
-        try:
-            cmd = " ".join(psutil.Process(pid).cmdline())
-        except psutil.NoSuchProcess:
-            continue
-        if cmd.startswith("trireme worker ") and f"({model} v" in cmd:
-            found.append((pid, cmd.split()[2]))
-    return found
-
-
-def direct_sockets(pid: int) -> dict[str, list[int]]:
-    """The worker's Unix sockets bound to its direct listener's path, by state:
-    {"listening": [inode...], "connected": [inode...]} (psutil names the path; the state
-    is /proc/net/unix's St column: 01 unconnected (a listener), 03 connected)."""
-    paths = {c.laddr for c in psutil.Process(pid).net_connections(kind="unix")
-             if c.laddr.endswith(".direct.sock")}
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            link = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            inodes.add(int(link[8:-1]))
-    out: dict[str, list[int]] = {"listening": [], "connected": []}
-    with open("/proc/net/unix") as f:
-        next(f)
-        for line in f:
-            cols = line.split()
-            if len(cols) < 8 or int(cols[6]) not in inodes or cols[7] not in paths:
-                continue
-            state = {"01": "listening", "03": "connected"}.get(cols[5])
-            if state:
-                out[state].append(int(cols[6]))
-    return out
-
-
-def direct_path_of(pid: int) -> str:
-    paths = {c.laddr for c in psutil.Process(pid).net_connections(kind="unix")
-             if c.laddr.endswith(".direct.sock")}
-    assert len(paths) == 1, paths
-    return paths.pop()
-
-
-def queued_bytes(path: str) -> int:
-    """Bytes the worker has not read yet on its direct connections (ss: Recv-Q of the
-    established sockets whose local address is its listener's path)."""
-    out = subprocess.run(["ss", "-x", "-n"], capture_output=True, text=True, check=True).stdout
-    total = 0
-    for line in out.splitlines():
-        cols = line.split()
-        if len(cols) >= 5 and cols[0] == "u_str" and cols[1] == "ESTAB" and cols[4] == path:
-            total += int(cols[2])
-    return total
 
 
 def add_sub_inputs(module, a: np.ndarray, b: np.ndarray) -> list:
@@ -513,16 +455,16 @@ def test_reload_and_unload_under_direct_traffic(direct):
     traffic = Traffic(direct)
     try:
         wait_until(lambda: traffic.count(0) >= 10, 30, "traffic before the reloads")
-        assert len(workers(direct, "reloadable")) == 1
+        assert len(direct.workers("reloadable")) == 1
         for phase, count in ((1, 2), (2, 1)):
             c.load_model("reloadable", config=_config(count))
             traffic.phase = phase
             wait_until(lambda p=phase: traffic.count(p) >= 10, 30, f"traffic after reload {phase}")
-            wait_until(lambda n=count: len(workers(direct, "reloadable")) == n, 30,
+            wait_until(lambda n=count: len(direct.workers("reloadable")) == n, 30,
                        f"{count} instance(s) of 'reloadable'")
         failures = [a for a in list(traffic.answers) if a[2] != "ok"]
         assert not failures, failures
-        for pid, _ in workers(direct, "reloadable"):
+        for pid, _ in direct.workers("reloadable"):
             assert direct_sockets(pid)["connected"], "the reloaded instance is not used directly"
 
         traffic.phase = 3   # answered from here on: correct, or the model is gone

@@ -4,7 +4,7 @@ the same ports and the same result address (`--frontends 2`).
 Clients connected to the killed frontend lose their connection (nothing can answer them);
 every other request gets exactly one answer, and none hangs: requests on the surviving
 frontend, on connections made after the kill, and on the respawned frontend, whose first
-results workers used to send down the dead process's connection (issue 13, item 1).
+results workers used to send down the dead process's connection.
 
 Every client call has a timeout; reaching it fails the test. Tensors are 128 KiB, above
 the inline threshold, so inputs and outputs go through shared memory.

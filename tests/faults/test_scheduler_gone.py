@@ -2,8 +2,8 @@
 
 `trireme serve` is the scheduler, and its frontends die with it; in a deployment of separate
 processes (`trireme scheduler` + `trireme frontend`, as compose runs them) a frontend stays
-up. Before issue 13 its requests then waited for an answer that could never come, and it
-kept saying ready. Now every request waiting fails UNAVAILABLE within a bound, health says
+up. Its requests must not wait for an answer that can never come, nor its health keep
+saying ready: every request waiting fails UNAVAILABLE within a bound, health says
 not ready (still live), new requests fail fast, and when a scheduler is back on the same
 address the frontend announces itself again and serves.
 """

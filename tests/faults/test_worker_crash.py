@@ -55,17 +55,10 @@ def client(server):
 
 
 def worker_pid(server, model: str) -> int:
-    """pid of the worker whose title is 'trireme worker <instance> (<model> vN)'."""
-    found = []
-    for pid in server.family():
-        try:
-            cmd = " ".join(psutil.Process(pid).cmdline())
-        except psutil.NoSuchProcess:
-            continue
-        if ("trireme worker" in cmd or "services.workers.main" in cmd) and f"({model} v" in cmd:
-            found.append(pid)
+    """pid of the model's one worker."""
+    found = server.workers(model)
     assert len(found) == 1, f"workers of {model}: {found}"
-    return found[0]
+    return found[0][0]
 
 
 def identity(client, x: np.ndarray, model: str = "victim") -> np.ndarray:

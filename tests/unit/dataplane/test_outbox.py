@@ -1,7 +1,7 @@
 """The requests of one event-loop turn leave as one InferRequests message; when that message
 cannot be encoded, each request goes alone and only those that cannot be encoded fail, each
 with an error naming its field. Nothing one request carries fails the requests it travels
-with (issue 13, item 1). Over Unix sockets to a fake scheduler."""
+with. Over Unix sockets to a fake scheduler."""
 from __future__ import annotations
 
 import asyncio

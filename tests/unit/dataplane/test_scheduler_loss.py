@@ -1,4 +1,4 @@
-"""A frontend never waits forever on a scheduler that went away (issue 13, item 1): when its
+"""A frontend never waits forever on a scheduler that went away: when its
 connection to the scheduler breaks, every waiting request, stream and control call fails
 UNAVAILABLE at once, new ones fail fast, health says not ready, and all of it comes back
 with the scheduler. On both wires: stream sockets and ZeroMQ (its monitor events)."""

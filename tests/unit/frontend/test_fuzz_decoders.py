@@ -1,4 +1,4 @@
-"""Property-based fuzzing of the request decoders (issue 13, item 5).
+"""Property-based fuzzing of the request decoders.
 
 Whatever a client sends, the HTTP infer decoder (JSON, and JSON + binary tensors behind
 Inference-Header-Content-Length) and the gRPC ModelInferRequest decoder either decode it or

@@ -1,4 +1,4 @@
-"""The HTTP/1.1 server's limits (issue 13, items 2 and 4), in one process, with small values
+"""The HTTP/1.1 server's limits, in one process, with small values
 so that each test takes a second or two: bodies held as the bytes that came (never the
 size declared) and released the moment their connection closes, header / body / idle
 timeouts, the connection cap, Triton's cap on chunks, and the flags that set them.

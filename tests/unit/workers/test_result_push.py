@@ -1,5 +1,5 @@
 """A worker's results reach a frontend that died and was respawned on the same result
-address (issue 13, item 1): the send on the dead connection is detected (on TCP too, which
+address: the send on the dead connection is detected (on TCP too, which
 accepts one write after the peer closed and loses it), the worker reconnects and sends once
 more; a result that cannot be delivered frees its output blocks and costs no long stall."""
 from __future__ import annotations
