@@ -26,8 +26,6 @@ from services.common import messages as m  # noqa: E402
 from services.common import shm, transport_stream  # noqa: E402
 from services.common.config import parse_pbtxt  # noqa: E402
 from services.dataplane.client import DataPlane  # noqa: E402
-from services.dataplane.direct import DirectPath  # noqa: E402
-from services.dataplane.outbox import Outbox  # noqa: E402
 from services.frontend.settings import FrontendSettings  # noqa: E402
 from services.scheduler.main import Scheduler, SchedulerSettings  # noqa: E402
 from services.workers.backends.base import create_backend  # noqa: E402
@@ -216,13 +214,12 @@ class Rig:
         conn._transport = FakeTransport(self._frontend_wrote)
         dp._sched = conn
         dp._loop = self.loop                         # (what start() sets)
-        dp._outbox = Outbox(dp._send_parts, dp._deliver, self.result_addr, self.loop)
-        dp._direct = DirectPath(self.loop, self.result_addr, self.domain, dp._dispatch,
-                                dp._deliver, dp._resend)   # (no routes here: the scheduled path)
-        for name in ("add_sub", ENSEMBLE):
+        dp._domain = self.domain
+        dp._paths()   # (no routes here: the scheduled path)
+        for name in ("add_sub", "scale", ENSEMBLE):
             self.front_peer.data_received(framed(m.encode(m.GetModelInfo(next(dp._ids), name))))
             info, _ = m.decode(split(self.to_frontend))
-            dp._models[name] = info
+            dp.models.infos[name] = info
         results = transport_stream.Listener(self.result_addr, dp._on_result)
         self.results_peer = peer(results, b"worker-1")
         # ---- workers

@@ -18,8 +18,10 @@ from typing import Any
 import msgspec
 
 from services.common.messages_direct import (
+    ChainStep,
     DirectEpoch,
     DirectStats,
+    EnsembleStats,
     EpochSet,
     FlushStats,
     GetPending,
@@ -28,6 +30,7 @@ from services.common.messages_direct import (
     Route,
 )
 from services.common.messages_direct import DirectRecord as DirectRecord
+from services.common.messages_direct import EnsembleRecord as EnsembleRecord
 from services.common.messages_ext import (
     ForgetRegions,
     GetLogSettings,
@@ -105,6 +108,7 @@ class Kind(enum.IntEnum):
     # scheduler <-> frontend, for a metrics scrape (the direct path's pending requests)
     GET_PENDING = 82
     PENDING = 83
+    ENSEMBLE_STATS = 84            # frontend -> scheduler: ensembles it ran over routes
     # worker host <-> scheduler (on the worker socket)
     HOST_HELLO = 40
     HOST_HEARTBEAT = 41
@@ -292,6 +296,7 @@ class ModelInfo(_Msg):
     shm: bool = True               # every instance can map the asking frontend's segments
     labels: dict[str, list[str]] = {}   # output name -> its label_filename's lines (classification)
     routes: list[Route] = []       # where requests may go without the scheduler (direct path)
+    chain: list[ChainStep] = []    # an ensemble a frontend may run over its steps' routes
 
 
 class IndexEntry(_Msg):
@@ -529,6 +534,7 @@ _KIND_OF: dict[type[_Msg], Kind] = {
     Goodbye: Kind.GOODBYE,
     GetPending: Kind.GET_PENDING,
     Pending: Kind.PENDING,
+    EnsembleStats: Kind.ENSEMBLE_STATS,
 }
 # ReleaseOutputs shares the RELEASE_BLOCKS kind byte on the scheduler -> worker leg.
 _KIND_BYTES = {cls: bytes([k]) for cls, k in _KIND_OF.items()}

@@ -7,6 +7,10 @@ with every other message by services/common/messages.py, which re-exports them.
     frontend ──InferRequest(epoch) / Cancel──▶ worker ──InferResult / Goodbye──▶ frontend
     worker ──DirectStats (batched; at once on FlushStats)──▶ scheduler
     scheduler ──GetPending──▶ frontend ──Pending──▶ scheduler   (a metrics scrape)
+
+An ensemble whose steps run one after another (ModelInfo.chain) is run by the frontend
+itself over its steps' routes; it reports the ensemble's own statistics:
+    frontend ──EnsembleStats (batched; at once on FlushStats)──▶ scheduler
 """
 from __future__ import annotations
 
@@ -21,6 +25,14 @@ class Route(Msg):
     epoch: int                     # a request carries it; the worker refuses any other
     instance: str                  # Triton's instance name (the error when its worker dies)
     shm_domain: str = ""           # its worker's shm.domain(): who can map its segments
+
+
+class ChainStep(Msg):
+    """One step of an ensemble a frontend may run itself (ModelInfo.chain), in order."""
+    model: str
+    version: int                   # 0: the model's latest ready version
+    inputs: dict[str, str]         # step input -> ensemble tensor
+    outputs: dict[str, str]        # step output -> ensemble tensor
 
 
 class DirectEpoch(Msg):
@@ -81,3 +93,19 @@ class Goodbye(Msg):
     on it not answered before this was never run (the frontend sends it through the
     scheduler)."""
     reason: str = ""
+
+
+class EnsembleRecord(Msg, frozen=True):  # type: ignore[misc]
+    """One ensemble request a frontend ran over its steps' routes."""
+    model: str
+    version: int
+    rows: int
+    total_ns: int                  # from the frontend sending its first step to its answer
+    reason: str = ""               # a failure's (VersionStats.failed); "": it succeeded
+
+
+class EnsembleStats(Msg):
+    """Frontend -> scheduler: the ensemble requests it ran since its last EnsembleStats (at
+    most ENSEMBLE_STATS_S apart while traffic lasts); ``flush_id`` answers a FlushStats."""
+    records: list[EnsembleRecord] = []
+    flush_id: int = 0

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -45,14 +44,15 @@ from services.common.shm import (
     by_owner,
 )
 from services.common.shm import domain as shm_domain
-from services.common.states import ModelState
+from services.dataplane.chain import Chains
 from services.dataplane.classification import classify_outputs
 from services.dataplane.control import ControlCalls, TraceCalls, error_from
 from services.dataplane.direct import DirectPath
+from services.dataplane.metadata import ModelCache
 from services.dataplane.outbox import Outbox
 from services.dataplane.settings import DataPlaneSettings
 from services.dataplane.types import CoreRequest, CoreResponse, OutputTensor
-from services.dataplane.validation import resolve_version, validate_infer
+from services.dataplane.validation import validate_infer
 
 log = logging.getLogger("trireme.dataplane")
 
@@ -94,11 +94,8 @@ class DataPlane(ControlCalls, TraceCalls):
         self._pending: dict[int, asyncio.Future | asyncio.Queue] = {}
         # req_id -> input blocks, of every request until its final answer (freed then)
         self._inflight: dict[int, list[Any]] = {}
-        self._models: dict[str, m.ModelInfo] = {}
-        self._configs: dict[str, dict] = {}
-        self._info_waiters: dict[str, asyncio.Task] = {}   # model -> its one fetch
+        self.models = ModelCache(lambda model: self._call(m.GetModelInfo(next(self._ids), model)))
         self._streams: dict[int, list[Any]] = {}      # preserve_ordering state per stream
-        self._generation = 0
         self._scheduler_ready = False
         # True until the scheduler is reached, and from a broken connection until it is
         # back: requests fail fast
@@ -132,9 +129,7 @@ class DataPlane(ControlCalls, TraceCalls):
                 transport.result_address, self.settings.scheduler_addr, "results")
         self._results = await transport.listen(self.result_addr, self._on_result)
         self.result_addr = self._results.address   # with the port chosen at bind
-        self._outbox = Outbox(self._send_parts, self._deliver, self.result_addr, self._loop)
-        self._direct = DirectPath(self._loop, self.result_addr, self._domain, self._dispatch,
-                                  self._deliver, self._resend)
+        self._paths()
         self._sched = transport.connect(self.settings.scheduler_addr, self._on_message,
                                         on_state=self._on_scheduler_state)
         try:   # (the hello goes on connect: _on_scheduler_state)
@@ -143,6 +138,15 @@ class DataPlane(ControlCalls, TraceCalls):
             log.warning("the scheduler at %s is not reachable yet: requests fail until it is",
                         self.settings.scheduler_addr)
         self._tick = self._loop.call_later(HOUSEKEEPING_S, self._on_tick)
+
+    def _paths(self) -> None:
+        """The ways requests leave: through the scheduler, to a route, along a chain."""
+        self._outbox = Outbox(self._send_parts, self._deliver, self.result_addr, self._loop)
+        self._direct = DirectPath(self._loop, self.result_addr, self._domain, self._dispatch,
+                                  self._deliver, self._resend)
+        self._chains = Chains(self._direct, self.models, lambda: next(self._ids), self._resend,
+                              self._outbox.cancel, self._deliver, self._release_blocks,
+                              self._send)
 
     def _on_tick(self) -> None:
         try:
@@ -164,6 +168,8 @@ class DataPlane(ControlCalls, TraceCalls):
         if self._tick is not None:
             self._tick.cancel()
         self._fail_waiting("server is shutting down")
+        if not self._scheduler_lost:
+            self._chains.send_stats()
         self._direct.close()
         self._sched.close()
         self._results.close()
@@ -184,6 +190,7 @@ class DataPlane(ControlCalls, TraceCalls):
         pending, self._pending = self._pending, {}
         self._outbox.drop()
         self._direct.forget()
+        self._chains.forget()
         inflight, self._inflight = self._inflight, {}
         for blocks in inflight.values():   # no answer is coming for any of them
             self._free_inputs(blocks)
@@ -207,9 +214,7 @@ class DataPlane(ControlCalls, TraceCalls):
                         len(self._pending))
             self._scheduler_lost = True
             self._scheduler_ready = False
-            self._generation += 1
-            self._models.clear()
-            self._configs.clear()
+            self.models.changed([])
             self._fail_waiting(SCHEDULER_LOST_TEXT)
             for held in self._streams.values():   # results held for ordering reach nobody
                 for msg, _ in held[1].values():
@@ -249,6 +254,7 @@ class DataPlane(ControlCalls, TraceCalls):
             m.TraceLevels: lambda msg, frames: self._on_trace_levels(msg),
             m.GetPending: lambda msg, frames: self._send(
                 m.Pending(msg.ctl_id, self._direct.waiting())),
+            m.FlushStats: lambda msg, frames: self._chains.send_stats(msg.flush_id),
             m.LogSettingsChanged: self._on_log_settings,
             m.RepositoryChanged: self._on_repository_changed,
         }
@@ -275,20 +281,13 @@ class DataPlane(ControlCalls, TraceCalls):
         logsettings.apply(msg.settings)
 
     def _on_repository_changed(self, msg: m.RepositoryChanged, frames: list[Any]) -> None:
-        self._generation += 1
         self._direct.clear_dead()
         if msg.exits:   # workers killed or exited: the error of what was sent them directly
             self._direct.exits(msg.exits)
         self._scheduler_ready = msg.server_ready
         for pid in msg.dead_pids:
             self._segments.forget_owner(pid)
-        if msg.models:
-            for name in msg.models:
-                self._models.pop(name, None)
-                self._configs.pop(name, None)
-        else:
-            self._models.clear()
-            self._configs.clear()
+        self.models.changed(msg.models)
 
     def _deliver(self, msg: m.InferResult, frames: list[Any]) -> None:
         if msg.final:   # the worker is done with the inputs (a result) or never had them
@@ -310,6 +309,8 @@ class DataPlane(ControlCalls, TraceCalls):
             if not waiter.done():  # type: ignore[union-attr]
                 waiter.set_result((msg, frames))  # type: ignore[union-attr]
                 return
+        elif self._chains.by_step and self._chains.answered(msg, frames):
+            return   # a step of an ensemble this data plane runs (chain.py)
         self._drop(msg, frames)
 
     def _drop(self, msg: m.InferResult, frames: list[Any]) -> None:
@@ -352,51 +353,12 @@ class DataPlane(ControlCalls, TraceCalls):
     def ready(self) -> bool:
         return self._scheduler_ready and not self.starting
 
-    async def _info(self, model: str) -> m.ModelInfo:
-        info = self._models.get(model)
-        if info is not None:
-            return info
-        # One fetch per model, a task of its own that callers share: one going away
-        # (cancelled) neither stops it for the others nor hands them its CancelledError,
-        # whose traceback would keep that caller's request (its body) alive.
-        fetch = self._info_waiters.get(model)
-        if fetch is None:
-            fetch = self._info_waiters[model] = asyncio.get_running_loop().create_task(
-                self._fetch_info(model))
-        try:
-            return await asyncio.shield(fetch)
-        finally:
-            del fetch   # (a cycle through its error, as in infer)
-
-    async def _fetch_info(self, model: str) -> m.ModelInfo:
-        gen = self._generation
-        try:
-            info = await self._call(m.GetModelInfo(next(self._ids), model))
-        finally:
-            del self._info_waiters[model]
-        if gen == self._generation:   # no change raced with the fetch
-            self._models[model] = info
-        return info
-
-    async def _ready_info(self, model: str, version: str) -> tuple[m.ModelInfo, int]:
-        info = await self._info(model)
-        if info.error is not None:
-            raise error_from(info.error)
-        return info, resolve_version(info, version)
-
     async def model_metadata(self, model: str, version: str) -> dict:
-        info, _ = await self._ready_info(model, version)
-        return {
-            "name": info.name,
-            "versions": [str(v) for v, s in sorted(info.versions.items()) if s == ModelState.READY],
-            "platform": info.platform,
-            "inputs": [{"name": i.name, "datatype": i.datatype, "shape": i.shape} for i in info.inputs],
-            "outputs": [{"name": o.name, "datatype": o.datatype, "shape": o.shape} for o in info.outputs],
-        }
+        return await self.models.metadata(model, version)
 
     async def model_ready(self, model: str, version: str) -> bool:
         try:
-            info, v = await self._ready_info(model, version)
+            info, v = await self.models.ready_info(model, version)
         except TriremeError:
             return False
         if info.probe_ready:   # its instances check themselves (a Python model's is_ready)
@@ -405,16 +367,12 @@ class DataPlane(ControlCalls, TraceCalls):
         return True
 
     async def model_config(self, model: str, version: str) -> dict:
-        info, _ = await self._ready_info(model, version)
-        cfg = self._configs.get(model)
-        if cfg is None:
-            cfg = self._configs[model] = json.loads(info.config_json)
-        return cfg
+        return await self.models.config(model, version)
 
     async def infer(self, req: CoreRequest, endpoint: str = "HTTP end point") -> CoreResponse:
         """One request, one response. ``endpoint`` names the caller in the error a decoupled
         model gives (Triton's text: such models answer over a stream only)."""
-        info, version = await self._ready_info(req.model, req.version)
+        info, version = await self.models.ready_info(req.model, req.version)
         if info.decoupled:
             raise TriremeError(Code.UNSUPPORTED, f"{endpoint} doesn't support models with "
                                                  "decoupled transaction policy")
@@ -431,6 +389,7 @@ class DataPlane(ControlCalls, TraceCalls):
                 if req_id in self._inflight:
                     self._outbox.cancel(req_id, req.model, version)
                     self._direct.cancel(req_id, req.model, version)
+                    self._chains.cancel(req_id)
             elif fut.exception() is None:   # the result won the race: hand its outputs back
                 self._release_refs(fut.result()[0].outputs)
             raise
@@ -453,7 +412,7 @@ class DataPlane(ControlCalls, TraceCalls):
         request is queued for the scheduler or refused."""
         queue: asyncio.Queue = asyncio.Queue()
         try:
-            info, version = await self._ready_info(req.model, req.version)
+            info, version = await self.models.ready_info(req.model, req.version)
             req_id = self._send_request(req, info, version, queue)
         finally:
             if on_sent is not None:
@@ -483,6 +442,7 @@ class DataPlane(ControlCalls, TraceCalls):
                 # its final answer frees the inputs
                 self._outbox.cancel(req_id, req.model, version)
                 self._direct.cancel(req_id, req.model, version)
+                self._chains.cancel(req_id)
 
     def _send_request(self, req: CoreRequest, info: m.ModelInfo, version: int,
                       waiter: asyncio.Future | asyncio.Queue) -> int:
@@ -493,10 +453,18 @@ class DataPlane(ControlCalls, TraceCalls):
             raise TriremeError(Code.UNAVAILABLE, SCHEDULER_DOWN_TEXT)
         batch_size = validate_infer(info, req)
         self._housekeeper.busy = True
-        # Straight to a worker where a route allows (not for client shared memory or traces:
-        # the scheduler resolves regions and samples traces)
-        route = (self._direct.pick(info, version) if info.routes and self.settings.direct
-                 and not self.trace_on and not _uses_regions(req) else None)
+        # Straight to a worker where a route allows, or an ensemble's steps each to theirs
+        # (not for client shared memory or traces: the scheduler resolves regions and
+        # samples traces)
+        route, plan = None, None
+        if (info.routes or info.chain) and self.settings.direct and not self.trace_on \
+                and not _uses_regions(req):
+            if info.routes:
+                route = self._direct.pick(info, version)
+            else:
+                plan = self._chains.plan(info)
+                if plan is not None:
+                    route = self._direct.pick(plan[0][1], plan[0][2])
         shm = self._shm_ok and (route.shm if route is not None else info.shm)
         refs: list[m.TensorRef] = []
         frames: list[Any] = []
@@ -538,10 +506,12 @@ class DataPlane(ControlCalls, TraceCalls):
         trace = self._trace_begin(req, version) if self.trace_on else 0
         msg = m.InferRequest(req_id, self.result_addr, req.model, version, refs, outputs,
                              req.parameters, batch_size, req.id, regions, trace)
-        if route is not None:
-            self._direct.send(route, msg, frames)
-        else:
+        if route is None:
             self._outbox.submit(msg, frames)
+        elif plan is not None:
+            self._chains.start(msg, frames, plan, route, info, version)
+        else:
+            self._direct.send(route, msg, frames)
         return req_id
 
     def _resend(self, msg: m.InferRequest, frames: list[Any]) -> None:

@@ -26,6 +26,7 @@ from types import MappingProxyType
 from typing import Any
 
 from services.common import messages as m
+from services.common.ensemble_tensors import Tensors, answer_outputs, sequence_echo, step_inputs, take_outputs
 from services.common.errors import CANCELLED_TEXT, Code
 from services.scheduler.dispatch import Instance
 
@@ -39,7 +40,7 @@ class Branch:
     """One line of a request's tensors. A request starts with one; each response of a
     decoupled step opens a new one (its tensors so far, plus that response's outputs), as
     Triton keeps tensors per response ("iteration")."""
-    tensors: dict[str, tuple[m.TensorRef, Any]]   # name -> (ref, inline data)
+    tensors: Tensors
     started: set[int]                              # steps run (or not needed) on this line
     answered: bool = False
 
@@ -156,16 +157,7 @@ class EnsembleQueue:
         step = self.steps[i]
         self.step_inflight[i] += 1
         req_id = next(_step_ids)
-        frames: list[Any] = []
-        inputs = []
-        for step_input, name in step.input_map.items():
-            ref, data = branch.tensors[name]
-            new = m.TensorRef(step_input, ref.datatype, ref.shape, ref.nbytes,
-                              segment=ref.segment, offset=ref.offset, key=ref.key)
-            if not ref.segment and not ref.key:
-                new.frame = len(frames)
-                frames.append(data)
-            inputs.append(new)
+        inputs, frames = step_inputs(step.input_map, branch.tensors)
         r = run.p.req
         # An ensemble output the client wants in its shared memory is written there by the
         # step that makes it (later steps read it from there, by reference too).
@@ -218,15 +210,8 @@ class EnsembleQueue:
                 self._streaming.add(step.model_name)
                 target = Branch(dict(branch.tensors), set(branch.started))
                 run.branches.append(target)
-            for o in result.outputs:
-                name = step.output_map.get(o.name)
-                if name is None:
-                    if o.segment:
-                        self.release([(o.segment, o.offset)])
-                    continue
-                target.tensors[name] = (o, frames[o.frame] if o.frame >= 0 else None)
-                if o.segment:
-                    run.blocks.add((o.segment, o.offset))
+            take_outputs(result, frames, step.output_map, target.tensors, run.blocks,
+                         self.release)
             self._advance(run, target)
         elif not run.inflight and not run.done:
             self._end(run)
@@ -262,28 +247,12 @@ class EnsembleQueue:
         """Send the requested outputs of ``branch``; returns the blocks that went out (the
         frontend releases those)."""
         p = run.p
-        outputs: list[m.TensorRef] = []
-        frames: list[Any] = []
-        sent: set[tuple[str, int]] = set()
-        for name in p.req.outputs or self.outputs:
+        wanted = p.req.outputs or self.outputs
+        for name in wanted:
             if name not in branch.tensors:
                 log.debug("Composing models did not output tensor %s", name)
-                continue
-            ref, data = branch.tensors[name]
-            out = m.TensorRef(name, ref.datatype, ref.shape, ref.nbytes,
-                              segment=ref.segment, offset=ref.offset, key=ref.key)
-            if ref.segment:
-                sent.add((ref.segment, ref.offset))
-            elif not ref.key:
-                out.frame = len(frames)
-                frames.append(data)
-            outputs.append(out)
-        params = p.req.parameters
-        echo = {}
-        if params.get("sequence_id"):   # Triton's ensemble answers carry the sequence flags
-            echo = {"sequence_id": params["sequence_id"],
-                    "sequence_start": params.get("sequence_start") is True,
-                    "sequence_end": params.get("sequence_end") is True}
+        outputs, frames, sent = answer_outputs(wanted, branch.tensors)
+        echo = sequence_echo(p.req.parameters)
         run.answered = True
         run.blocks -= sent
         self.respond(p, m.InferResult(p.req.req_id, self.version, outputs, parameters=echo,

@@ -15,6 +15,7 @@ from services.common.repository import model_key
 from services.common.states import ModelState
 from services.scheduler.dispatch import Instance
 from services.scheduler.queues import SchedulingQueue
+from services.scheduler.routes import chain
 
 READY, LOADING, UNAVAILABLE, UNLOADING = (ModelState.READY, ModelState.LOADING,
                                           ModelState.UNAVAILABLE, ModelState.UNLOADING)
@@ -79,4 +80,6 @@ def model_info(entry: ModelEntry) -> m.ModelInfo:
         config_json=json.dumps(cfgmod.config_to_json(cfg), separators=(",", ":")),
         decoupled=cfg.model_transaction_policy.decoupled,
         probe_ready=any(i.probe for i in entry.instances),
-        labels=entry.labels)
+        labels=entry.labels,
+        # (step names resolve in the frontend's one namespace: none with namespacing)
+        chain=[] if entry.namespace else chain(cfg))

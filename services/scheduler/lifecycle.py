@@ -4,15 +4,21 @@ loaded, and the load / unload state machine that spawns and stops instance worke
     scan ─▶ config + auto-complete ─▶ first instance (completes IO from the file)
          ─▶ validate ─▶ remaining instances ─▶ READY            (any failure: UNAVAILABLE)
 
-Every model and version state transition happens in ModelManager, also the ones a worker's
-death causes (its InstanceRecovery half, recovery.py: restarts, lost instances, watchdog
-kills): the Scheduler (main.py) only routes its messages and process events to its methods.
-The records it keeps per model are entries.py's.
+The ModelManager owns every model entry (entries.py's records), the loads in progress and
+the execution watchdog, and three collaborators it calls, each given the entries and the
+hooks it needs:
 
-Stopping is bounded (its Retirement half, retirement.py): an unload waits
-``unload_timeout_s`` for the batches in flight, a shutdown its grace (--exit-timeout-secs);
-an instance still executing then is killed and its requests fail UNAVAILABLE with a text
-naming that timeout. Name resolution with --model-namespacing: namespaces.py.
+    Retirement (retirement.py)        stops instances: unload, replace, bounded shutdown;
+                                      owns the entries being retired and the closing flag
+    InstanceRecovery (recovery.py)    a worker's exit or watchdog kill: restarts, lost
+                                      instances (the watchdog reports to it)
+    ModelNames (namespaces.py)        which entry a name means (--model-namespacing)
+
+Every model and version state transition happens here or in these collaborators: the
+Scheduler (main.py) only routes its messages and process events to ModelManager's methods.
+Stopping is bounded: an unload waits ``unload_timeout_s`` for the batches in flight, a
+shutdown its grace (--exit-timeout-secs); an instance still executing then is killed and its
+requests fail UNAVAILABLE with a text naming that timeout.
 """
 from __future__ import annotations
 
@@ -58,8 +64,9 @@ _worker_ids = itertools.count(1)
 _RUN = os.urandom(3).hex()
 
 
-class ModelManager(InstanceRecovery, ModelNames, Retirement):
-    """Owns every ModelEntry; the Scheduler gives it the process and messaging hooks."""
+class ModelManager:
+    """Owns every ModelEntry; the Scheduler gives it the process and messaging hooks, which
+    it hands on to its Retirement and InstanceRecovery."""
 
     def __init__(self, repositories: list[Path], *, spawn_instance: Callable, stop_instance: Callable,
                  withdraw: Callable = lambda inst: None, announce: Callable = lambda *a: None,
@@ -74,15 +81,15 @@ class ModelManager(InstanceRecovery, ModelNames, Retirement):
         self.repositories = repositories
         # --model-namespacing: models are keyed "<repository>::<name>" (namespaces.py)
         self.namespacing = namespacing
-        self._keys: dict[str, list[str]] = {}   # name -> the keys of its entries (namespacing)
-        # async (Instance, give_up: () -> bool): returns once a worker host could run it
-        self.wait_for_host = wait_for_host
         self.models: dict[str, ModelEntry] = {}
+        self.names = ModelNames(self.models, repositories, namespacing)
+        # Name resolution is the ModelNames' own methods (lookup() is on every request's path)
+        self.split_key = self.names.split_key
+        self.resolve = self.names.resolve
+        self.lookup = self.names.lookup
+        self.step_entry = self.names.step_entry
         # async (Instance, config bytes, model_dir, autocomplete) -> mc.ModelConfig
         self.spawn_instance = spawn_instance
-        self.stop_instance = stop_instance        # async (Instance) -> None
-        self.withdraw = withdraw                  # (Instance): no more direct requests (routes.py)
-        self.announce = announce                  # (Instance, code, text): its direct requests' error
         self.make_queue = make_queue              # (model key, version, completed config) -> queue
         # (keys in, names out: frontends know models by name)
         self.changed = changed if not namespacing else (
@@ -90,17 +97,23 @@ class ModelManager(InstanceRecovery, ModelNames, Retirement):
         self.config_name = config_name
         self.disable_autocomplete = disable_autocomplete
         self.limiter = limiter                    # RateLimiter with --rate-limit execution_count
-        self.restart_backoff_s = restart_backoff_s
         self.execution_timeout_s = execution_timeout_s   # --model-execution-timeout-secs (0: off)
-        self.unload_timeout_s = unload_timeout_s
-        # (call_later and clock: the queues' own, so the sweep compares like with like)
-        self.watchdog = Watchdog(self._execution_timed_out, call_later, clock)
         self._locks: dict[str, asyncio.Lock] = {}
         self._starting: list[ModelEntry] = []    # loads in progress: not in self.models yet
-        self._retiring: list[ModelEntry] = []    # unloads and replaced entries being stopped
-        self._closing = False
-        self._stops: dict[str, asyncio.Future] = {}   # worker_id -> its one stop in progress
         self._ensembles_loading: set[str] = set()      # (an ensemble must not contain itself)
+        # The watchdog reports to the recovery, made after it: the recovery asks the
+        # retirement, which unwatches with the watchdog. (call_later and clock: the queues'
+        # own, so the sweep compares like with like)
+        self.watchdog = Watchdog(
+            lambda queue, inst, limit_s: self.recovery.execution_timed_out(queue, inst, limit_s),
+            call_later, clock)
+        self.retirement = Retirement(self.models, self._starting, self.watchdog,
+                                     stop_instance=stop_instance, withdraw=withdraw,
+                                     announce=announce, unload_timeout_s=unload_timeout_s)
+        self.recovery = InstanceRecovery(self.models, self.retirement,
+                                         spawn_instance=spawn_instance, changed=self.changed,
+                                         restart_backoff_s=restart_backoff_s,
+                                         wait_for_host=wait_for_host)
 
     # ---------------------------------------------------------------- repository
     def scan(self) -> dict[str, repo.ModelSource]:
@@ -115,10 +128,7 @@ class ModelManager(InstanceRecovery, ModelNames, Retirement):
             e = self.models.setdefault(key, ModelEntry(src.name, src.path, namespace=src.namespace))
             if e.override_dir is None:   # a model loaded from "file:" parameters stays there
                 e.path = src.path
-        if self.namespacing:   # (entries are only added here: this index stays complete)
-            self._keys = {}
-            for key, e in self.models.items():
-                self._keys.setdefault(e.name, []).append(key)
+        self.names.reindex()   # (entries are only added here: its index stays complete)
         return sources
 
     def index(self, ready_only: bool) -> list[m.IndexEntry]:
@@ -162,7 +172,7 @@ class ModelManager(InstanceRecovery, ModelNames, Retirement):
         first: TriremeError | None = None
         for key in keys:
             async with self._locks.setdefault(key, asyncio.Lock()):
-                if self._closing:
+                if self.retirement.closing:
                     raise TriremeError(Code.UNAVAILABLE, f"failed to load '{name}': server is shutting down")
                 try:
                     await self._load(key, override, files or {})
@@ -216,20 +226,20 @@ class ModelManager(InstanceRecovery, ModelNames, Retirement):
             else:
                 cfg = await self._start_instances(new, cfg, versions)
         except TriremeError as e:
-            await self._stop_all(new)
+            await self.retirement.stop_all(new)
             drop_override(new)
             self._set_failed(old, e.message)   # (an ensemble fails as a model, as in Triton)
             raise LoadFailed(e.code, e.message, () if cfg.HasField("ensemble_scheduling")
                              else versions) from None
         except Exception as e:   # a bug of ours: the model still ends UNAVAILABLE, never LOADING
             log.exception("load of '%s' failed", name)
-            await self._stop_all(new)
+            await self.retirement.stop_all(new)
             drop_override(new)
             err = TriremeError(Code.INTERNAL, f"internal error: {type(e).__name__}: {e}")
             self._set_failed(old, err.message)
             raise err from e
         except BaseException:   # cancelled (shutdown): no worker of this load may outlive it
-            await self._stop_all(new)
+            await self.retirement.stop_all(new)
             drop_override(new)
             raise
         finally:
@@ -241,7 +251,7 @@ class ModelManager(InstanceRecovery, ModelNames, Retirement):
         self.models[key] = new
         self.changed([key])
         if previous is not None and previous is not new:
-            await self._retire(previous, "unloaded")
+            await self.retirement.retire(previous, "unloaded")
 
     def _set_failed(self, entry: ModelEntry, reason: str) -> None:
         log.error("failed to load '%s': %s", entry.name, reason)
@@ -260,7 +270,7 @@ class ModelManager(InstanceRecovery, ModelNames, Retirement):
         validate_ensemble(cfg)
         names = list(dict.fromkeys(step.model_name for step in cfg.ensemble_scheduling.step))
         available = self.scan()
-        keys = {n: self._step_source(entry, n, available) for n in names}
+        keys = {n: self.names.step_source(entry, n, available) for n in names}
         missing = [n for n in names if not keys[n]]   # (step order: Triton names the first)
         if missing:
             raise invalid_arg(missing_models_text(entry.key, missing))
@@ -325,7 +335,7 @@ class ModelManager(InstanceRecovery, ModelNames, Retirement):
         cfgmod.validate(completed)
         limit_s = execution_limit(completed, self.execution_timeout_s)
         blob = completed.SerializeToString()
-        if self._closing:   # shutdown began while the first instance loaded: start no more
+        if self.retirement.closing:   # shutdown began while the first instance loaded: start no more
             raise TriremeError(Code.UNAVAILABLE, f"failed to load '{entry.name}': server is shutting down")
         rest = [make(v, g, i) for v, g, i in plan[1:]]
         results = await asyncio.gather(
@@ -354,7 +364,7 @@ class ModelManager(InstanceRecovery, ModelNames, Retirement):
         """Unload a model by key or by name (with namespacing: every model of that name)."""
         keys = [name]
         if self.namespacing and name not in self.models:
-            keys = list(self._keys.get(name, ()))
+            keys = self.names.keys_of(name)
         for key in keys:
             await self._unload(key)
 
@@ -368,7 +378,7 @@ class ModelManager(InstanceRecovery, ModelNames, Retirement):
                 vs.state = UNLOADING
             e.info = None
             self.changed([key])
-            await self._retire(e, "unloaded")
+            await self.retirement.retire(e, "unloaded")
             path = e.path if e.override_dir is None else None   # scan() finds the repository's
             self.models[key] = ModelEntry(e.name, path, namespace=e.namespace, versions={
                 v: VersionState(v, UNAVAILABLE, "unloaded") for v in e.versions})
@@ -392,6 +402,15 @@ class ModelManager(InstanceRecovery, ModelNames, Retirement):
             await self.unload(key)
             self.models.pop(key, None)
             self.changed([key])
+
+    # ---------------------------------------------------------------- workers
+    async def instance_exited(self, inst: Instance, code: int) -> None:
+        """A loaded instance's worker exited on its own (InstanceRecovery.instance_exited)."""
+        await self.recovery.instance_exited(inst, code)
+
+    async def shutdown(self, grace_s: float = 0.0, drained: asyncio.Future | None = None) -> None:
+        """Stop every worker, bounded (Retirement.shutdown)."""
+        await self.retirement.shutdown(grace_s, drained)
 
     def find_instance(self, worker_id: str) -> tuple[ModelEntry, Instance] | None:
         for e in self.models.values():

@@ -245,6 +245,7 @@ class Scheduler(ControlSide, WorkerSide):
         """Its connection closed: forget it (a frontend that comes back says hello again)."""
         self.frontends.discard(identity)
         self._frontend_domains.pop(identity, None)
+        self.direct.frontend_lost(identity)
         self.traces.frontend_lost(identity)   # its traces never complete
         route = self._requests_from.pop(identity, None)
         if route is not None and self._routes.get(route[0]) == identity:
@@ -298,6 +299,8 @@ class Scheduler(ControlSide, WorkerSide):
             m.SetLogSettings: log_settings,
             m.FrontendHello: self._on_hello,
             m.Pending: lambda identity, msg, frames: self.direct.on_pending(identity, msg),
+            m.EnsembleStats: lambda identity, msg, frames: self.direct.on_ensemble_stats(
+                identity, msg),
             m.TraceSettingsRequest: self._on_trace_settings,
             m.TraceRecord: lambda identity, msg, frames: self.traces.record(msg),
             m.GetMetrics: lambda identity, msg, frames: self._after_flush(

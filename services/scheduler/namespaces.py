@@ -1,5 +1,6 @@
-"""Which model a name means: the ModelManager's (lifecycle.py) name resolution, as a mixin
-of it, for --model-namespacing (Triton's model namespacing, core model_repository_manager.cc).
+"""Which model a name means, for --model-namespacing (Triton's model namespacing, core
+model_repository_manager.cc). ModelNames is an object the ModelManager (lifecycle.py)
+owns: it reads the ModelManager's entries and owns the index of their keys by name.
 
 A model's identity is its key (repository.model_key): its name, or with namespacing
 Triton's ModelIdentifier text "<repository>::<name>", so that the same name in two
@@ -25,12 +26,26 @@ from services.scheduler.entries import ModelEntry
 
 
 class ModelNames:
-    """ModelManager's name resolution; the state it reads is ModelManager's."""
+    """Name resolution over the ModelManager's ``models`` (read only here)."""
 
-    models: dict[str, ModelEntry]
-    repositories: list[Path]
-    namespacing: bool
-    _keys: dict[str, list[str]]   # name -> the keys of its entries (rebuilt by scan())
+    def __init__(self, models: dict[str, ModelEntry], repositories: list[Path],
+                 namespacing: bool) -> None:
+        self.models = models
+        self.repositories = repositories
+        self.namespacing = namespacing
+        self._keys: dict[str, list[str]] = {}   # name -> the keys of its entries (reindex())
+
+    def reindex(self) -> None:
+        """Rebuild the keys-by-name index from the entries (with namespacing; the
+        ModelManager adds entries only in its scan(), which calls this after)."""
+        if self.namespacing:
+            self._keys = {}
+            for key, e in self.models.items():
+                self._keys.setdefault(e.name, []).append(key)
+
+    def keys_of(self, name: str) -> list[str]:
+        """The keys of the entries named ``name`` (with namespacing; else none)."""
+        return list(self._keys.get(name, ()))
 
     def split_key(self, key: str) -> tuple[str, str]:
         """(name, namespace) of a model key."""
@@ -61,7 +76,7 @@ class ModelNames:
         except TriremeError:
             return None
 
-    def _step_source(self, ensemble: ModelEntry, name: str, available: dict[str, Any]) -> str:
+    def step_source(self, ensemble: ModelEntry, name: str, available: dict[str, Any]) -> str:
         """The key of the model an ensemble's step names at its load, "" if none: with
         namespacing the one in the ensemble's repository, else the only one of that name
         (Triton's DependencyGraph::FindNode, fuzzy)."""

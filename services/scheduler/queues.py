@@ -7,7 +7,7 @@
 
 Scheduler._make_queue (main.py) picks one per version from its config; the callers are the
 request path (main.py: enqueue, cancel), the worker side (worker_side.py: batch_done), the
-ModelManager's halves (lifecycle.py, recovery.py, retirement.py: add_instance,
+ModelManager and what it owns (lifecycle.py, recovery.py, retirement.py: add_instance,
 worker_died, fail_queued, busy) and the watchdog (instances).
 
 An ensemble has no instances of its own, and says so in these terms rather than through a

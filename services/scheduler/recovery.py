@@ -1,5 +1,6 @@
-"""What a worker's death or a watchdog kill does to its model: the ModelManager's
-(lifecycle.py) supervision half, as a mixin of it.
+"""What a worker's death or a watchdog kill does to its model. InstanceRecovery is an object
+the ModelManager (lifecycle.py) owns: the Scheduler's exits reach it through
+ModelManager.instance_exited, the watchdog's catches directly.
 
     worker exits ─▶ what it held fails ─▶ (backoff) restart ─▶ serving again
                                                      ├─ fails ─▶ instance lost: with none
@@ -12,39 +13,44 @@
         fails UNAVAILABLE ─▶ with no live instance left the version is LOADING (not ready)
         ─▶ the exit above restarts it ─▶ READY
 
-ModelManager inherits these methods: the state transitions they make follow the same
-rules as its loads and unloads (lifecycle.py).
+It owns no model state: the entries are the ModelManager's, and the state transitions it
+makes on them follow the same rules as its loads and unloads (lifecycle.py).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
 
 from services.common.errors import Code, TriremeError, instance_exited_text, not_ready_text
 from services.scheduler.dispatch import Instance
 from services.scheduler.entries import LOADING, READY, UNAVAILABLE, ModelEntry, VersionState
 from services.scheduler.hosts import NoWorkerHost
 from services.scheduler.queues import SchedulingQueue
+from services.scheduler.retirement import Retirement
 from services.scheduler.watchdog import execution_timeout_text
 
 log = logging.getLogger("trireme.models")
 
 
 class InstanceRecovery:
-    """ModelManager's supervision methods; the state they use is ModelManager's."""
+    """Restarts the ModelManager's instances, or declares them lost. ``models`` is the
+    ModelManager's; ``retirement`` its Retirement, asked whether the server is closing, which
+    entries are being retired, and to stop an instance that came back too late;
+    ``spawn_instance``, ``changed`` and ``wait_for_host`` are the ModelManager's hooks."""
 
-    models: dict[str, ModelEntry]
-    spawn_instance: Callable
-    changed: Callable[[list[str]], None]
-    restart_backoff_s: float
-    wait_for_host: Callable | None
-    _retiring: list[ModelEntry]
-    _closing: bool
-
-    if TYPE_CHECKING:
-        def _stop(self, inst: Instance) -> asyncio.Future: ...
+    def __init__(self, models: dict[str, ModelEntry], retirement: Retirement, *,
+                 spawn_instance: Callable[..., Awaitable[object]],
+                 changed: Callable[[list[str]], None], restart_backoff_s: float,
+                 wait_for_host: Callable[..., Awaitable[None]] | None) -> None:
+        self.models = models
+        self.retirement = retirement
+        # async (Instance, config bytes, model_dir, autocomplete) -> mc.ModelConfig
+        self.spawn_instance = spawn_instance
+        self.changed = changed                    # (model keys): their state changed
+        self.restart_backoff_s = restart_backoff_s
+        # async (Instance, give_up: () -> bool): returns once a worker host could run it
+        self.wait_for_host = wait_for_host
 
     async def instance_exited(self, inst: Instance, code: int) -> None:
         """A loaded instance's worker exited on its own (not stopped, not while loading):
@@ -57,24 +63,24 @@ class InstanceRecovery:
         vs = entry.versions.get(inst.version) if entry else None
         if vs is not None and vs.queue is not None:
             vs.queue.worker_died(inst, why)
-        if self._closing or inst.retired:
+        if self.retirement.closing or inst.retired:
             return
         if entry is None or inst not in entry.instances or entry.config is None:
             return
         await asyncio.sleep(self.restart_backoff_s)
-        if self._closing or inst.retired or inst not in entry.instances:
+        if self.retirement.closing or inst.retired or inst not in entry.instances:
             return
         await self._restart(entry, vs, inst)
 
     def _owner(self, inst: Instance) -> ModelEntry | None:
         """The entry an instance belongs to: its model's, or one being retired (a reload
         keeps the old entry's workers until their batches are done)."""
-        for e in (self.models.get(inst.model), *self._retiring):
+        for e in (self.models.get(inst.model), *self.retirement.retiring):
             if e is not None and inst in e.instances:
                 return e
         return self.models.get(inst.model)
 
-    def _execution_timed_out(self, queue: SchedulingQueue, inst: Instance, limit_s: float) -> None:
+    def execution_timed_out(self, queue: SchedulingQueue, inst: Instance, limit_s: float) -> None:
         """The watchdog caught ``inst`` in one execution longer than ``limit_s``: kill it,
         fail what it held (UNAVAILABLE, naming the limit). Its exit restarts it
         (instance_exited); until then a version left with no live instance is LOADING,
@@ -87,7 +93,7 @@ class InstanceRecovery:
         entry = self.models.get(inst.model)
         vs = entry.versions.get(inst.version) if entry is not None else None
         if (entry is not None and vs is not None and vs.queue is queue and vs.state == READY
-                and not self._closing and not inst.retired
+                and not self.retirement.closing and not inst.retired
                 and list(queue.instances) == [inst.worker_id]):
             # Not ready before its requests fail: a client that asks once it has its error
             # hears "not ready" (the frontends get this change first).
@@ -111,16 +117,16 @@ class InstanceRecovery:
                     return
                 log.error("restart of %s waits: %s", inst.name, e.message)
                 self._without_host(entry, vs, inst, e.message)
-                await self.wait_for_host(inst, lambda: self._closing or inst.retired
+                await self.wait_for_host(inst, lambda: self.retirement.closing or inst.retired
                                          or inst not in entry.instances)
-                if self._closing or inst.retired or inst not in entry.instances:
+                if self.retirement.closing or inst.retired or inst not in entry.instances:
                     return
             except TriremeError as e:
                 log.error("restart of %s failed: %s", inst.name, e.message)
                 self.instance_lost(entry, inst, e.message)
                 return
-        if self._closing or inst.retired:   # unloaded or shutting down while it started
-            await self._stop(inst)
+        if self.retirement.closing or inst.retired:   # unloaded or shutting down while it started
+            await self.retirement.stop(inst)
             return
         if vs is not None and vs.queue is not None and inst in entry.instances:
             vs.queue.add_instance(inst)

@@ -12,7 +12,8 @@ Owned by the Scheduler (main.py), which calls it at the moments below.
     its worker exits ─▶ exited: no route; frontends fail what they sent it, once, with the
         instance-exit text and its exit code (announce)
     statistics or metrics asked for ─▶ flush: each open route's worker sends its
-        DirectStats, applied before the answer, so both paths report exactly
+        DirectStats, each frontend its EnsembleStats, applied before the answer, so both
+        paths report exactly
     metrics asked for ─▶ count_pending: each frontend says how many requests wait on each
         route; all but the one an instance runs are pending
         (nv_inference_pending_request_count)
@@ -21,6 +22,11 @@ A version qualifies when the scheduler has nothing to decide per request: no dyn
 sequence batcher, not an ensemble, not decoupled, no rate limiter, no execution timeout,
 no TRITONSERVER_DELAY_SCHEDULER; its frontends also keep requests with client shared
 memory or a trace on the scheduled path.
+
+An ensemble whose steps can only run one after another, with no max_inflight_requests,
+is published as a chain (ModelInfo.chain): a frontend runs it over its steps' routes
+(dataplane/chain.py) whenever every step has one, and reports it in EnsembleStats,
+applied here like a worker's DirectStats (on_ensemble_stats; flush asks frontends too).
 """
 from __future__ import annotations
 
@@ -33,6 +39,7 @@ from typing import Any
 
 from services.common import messages as m
 from services.scheduler.dispatch import Instance
+from services.scheduler.ensemble_config import step_order
 from services.scheduler.stats import StatsRegistry
 
 log = logging.getLogger("trireme.scheduler")
@@ -46,6 +53,25 @@ def qualifies(config: Any, *, limiter: Any, execution_limit_s: float, delay_coun
                 or config.HasField("ensemble_scheduling")
                 or config.model_transaction_policy.decoupled
                 or limiter is not None or execution_limit_s > 0 or delay_count > 0)
+
+
+def chain(config: Any) -> list[m.ChainStep]:
+    """The steps of an ensemble a frontend may run itself, in order; [] unless each step
+    reads what the one before it wrote (a chain: nothing to run side by side) and
+    max_inflight_requests leaves every request free to go (a limit is the scheduler's)."""
+    if not config.HasField("ensemble_scheduling") or \
+            config.ensemble_scheduling.max_inflight_requests:
+        return []
+    try:
+        order = step_order(config)
+    except ValueError:
+        return []
+    steps = [config.ensemble_scheduling.step[i] for i in order]
+    for before, step in zip(steps, steps[1:], strict=False):
+        if not set(step.input_map.values()) & set(before.output_map.values()):
+            return []
+    return [m.ChainStep(s.model_name, max(int(s.model_version), 0), dict(s.input_map),
+                        dict(s.output_map)) for s in steps]
 
 
 class DirectRoutes:
@@ -67,7 +93,8 @@ class DirectRoutes:
         self._revoking: dict[str, Instance] = {}              # worker id -> withdrawn, not yet EpochSet
         self._announced: set[str] = set()                     # worker ids whose end frontends know
         self._acks: dict[tuple[str, int], asyncio.Future] = {}   # (worker id, epoch) -> EpochSet
-        self._flushes: dict[tuple[int, str], asyncio.Future] = {}
+        # (flush id, worker id or frontend identity) -> its DirectStats / EnsembleStats
+        self._flushes: dict[tuple[int, str | bytes], asyncio.Future] = {}
         self._flush_ids = itertools.count(1)
 
     def open(self, inst: Instance) -> None:
@@ -126,6 +153,15 @@ class DirectRoutes:
         for fut in waiting:   # nothing more comes from it
             if not fut.done():
                 fut.set_result(None)
+
+    def frontend_lost(self, identity: bytes) -> None:
+        """Nothing more comes from that frontend: what waits for it waits no longer."""
+        for (_, who), fut in self._flushes.items():
+            if who == identity and not fut.done():
+                fut.set_result(None)
+        for (_, who), fut in self._counts.items():
+            if who == identity and not fut.done():
+                fut.set_result({})   # (it holds no request any more)
 
     def routes(self, instances: list[Instance]) -> list[m.Route]:
         return [m.Route(i.version, i.direct_addr, i.epoch, i.name, i.shm_domain)
@@ -200,10 +236,28 @@ class DirectRoutes:
         if fut is not None and not fut.done():
             fut.set_result(msg.waiting)
 
+    def on_ensemble_stats(self, identity: bytes, msg: m.EnsembleStats) -> None:
+        """Apply the ensemble requests a frontend ran over routes, as the ensemble's queue
+        would have on the scheduled path (its steps count in their models' DirectStats)."""
+        for r in msg.records:
+            stats = self._stats.versions.get((r.model, r.version))
+            if stats is None:   # (unloaded since)
+                continue
+            if r.reason:
+                stats.failed(r.total_ns, r.reason)
+            else:
+                stats.completed(r.rows, r.total_ns)
+        if msg.flush_id:
+            fut = self._flushes.get((msg.flush_id, identity))
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+
     async def flush(self) -> None:
         """Every open route's worker sends what it ran since its last DirectStats (a busy
-        one answers after its current execution; at most FLUSH_WAIT_S is waited)."""
-        if not self._open:
+        one answers after its current execution), and every frontend the ensembles it ran
+        over routes; at most FLUSH_WAIT_S is waited."""
+        frontends = list(self._frontends())
+        if not self._open and not frontends:
             return
         flush_id = next(self._flush_ids)
         loop = asyncio.get_running_loop()
@@ -212,6 +266,10 @@ class DirectRoutes:
             fut = self._flushes[(flush_id, worker_id)] = loop.create_future()
             if self._send_worker(worker_id, m.FlushStats(flush_id)):
                 waits.append(fut)
+        for identity in frontends:
+            waits.append(loop.create_future())
+            self._flushes[(flush_id, identity)] = waits[-1]
+            self._send_frontend(identity, m.FlushStats(flush_id))
         try:
             if waits:
                 await asyncio.wait(waits, timeout=FLUSH_WAIT_S)

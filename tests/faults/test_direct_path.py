@@ -26,69 +26,37 @@ Models (Python, one CPU instance each, no batching: every one qualifies for the 
 from __future__ import annotations
 
 import asyncio
-import glob
 import json
-import os
 import shutil
-import signal
-import tempfile
 import threading
-import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
-import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from conftest import start_server, wait_until
+from direct_checks import (
+    FAILER,
+    SLEEPER,
+    answers,
+    assert_same_statistics,
+    deltas,
+    kill_while_queued,
+    own_dataplane,
+    snapshot,
+    started,
+    worker,
+)
 from tritonclient.utils import InferenceServerException
-from unix_sockets import direct_path_of, direct_sockets, queued_bytes
+from unix_sockets import direct_sockets
 
 from tests.models_python import ADD_SUB, io_config, python_model
 
 RESTART_DEADLINE_S = 30.0
 
-FAILER = '''
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        raise RuntimeError("this model always fails")
-'''
-
-SLEEPER = '''
-import os
-import time
-
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self.marker = os.path.join(args["model_repository"], "started")
-
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            seconds = pb_utils.get_input_tensor_by_name(request, "SECONDS").as_numpy()
-            with open(self.marker, "a") as f:
-                f.write(f"{os.getpid()}\\n")
-            time.sleep(float(seconds[0]))
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", seconds)]))
-        return responses
-'''
-
 ADD_SUB_IO = ([("INPUT0", "TYPE_FP32", "[ 4 ]"), ("INPUT1", "TYPE_FP32", "[ 4 ]")],
               [("OUTPUT0", "TYPE_FP32", "[ 4 ]"), ("OUTPUT1", "TYPE_FP32", "[ 4 ]")])
-
-DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
-             "cache_hit", "cache_miss")
-BATCH_DURATIONS = ("compute_input", "compute_infer", "compute_output")
-COUNTERS = ("nv_inference_request_success", "nv_inference_request_failure",
-            "nv_inference_count", "nv_inference_exec_count")
 
 
 # ---- servers ------------------------------------------------------------------------------
@@ -131,13 +99,6 @@ def client(direct):
 
 # ---- helpers ------------------------------------------------------------------------------
 
-def worker(server, model: str) -> tuple[int, str]:
-    """(pid, instance name) of the one worker titled 'trireme worker <instance> (<model> vN)'."""
-    found = server.workers(model)
-    assert len(found) == 1, f"workers of {model}: {found}"
-    return found[0]
-
-
 def add_sub_inputs(module, a: np.ndarray, b: np.ndarray) -> list:
     inputs = [module.InferInput("INPUT0", [4], "FP32"), module.InferInput("INPUT1", [4], "FP32")]
     inputs[0].set_data_from_numpy(a)
@@ -160,81 +121,6 @@ def sleep_request(c, seconds: float, module=httpclient, **kw):
     inp.set_data_from_numpy(x)
     out = c.infer("sleeper", [inp], **kw).as_numpy("OUT")
     np.testing.assert_array_equal(out, x)
-
-
-def started(repo: Path) -> int:
-    """How many executions of 'sleeper' have begun."""
-    try:
-        return len((repo / "sleeper" / "started").read_text().splitlines())
-    except FileNotFoundError:
-        return 0
-
-
-def kill_and_reap(pid: int) -> None:
-    os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: _dead(pid), 10, f"pid {pid} to die")
-
-
-def _dead(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def _try(fn) -> bool:
-    try:
-        fn()
-        return True
-    except InferenceServerException:
-        return False
-
-
-def canon(stat: dict) -> dict:
-    def num(d: dict, key: str) -> int:
-        return int(d.get(key, 0))
-
-    def dur(d: dict) -> tuple[int, int]:
-        return num(d, "count"), num(d, "ns")
-
-    infer = stat.get("inference_stats", {})
-    return {"inference_count": num(stat, "inference_count"),
-            "execution_count": num(stat, "execution_count"),
-            **{k: dur(infer.get(k, {})) for k in DURATIONS},
-            "batch_stats": {num(b, "batch_size"): {k: dur(b.get(k, {})) for k in BATCH_DURATIONS}
-                            for b in stat.get("batch_stats", [])}}
-
-
-def stats(c, model: str) -> dict:
-    (s,) = c.get_inference_statistics(model, "1")["model_stats"]
-    return canon(s)
-
-
-def delta(before: dict, after: dict) -> dict:
-    out = {k: after[k] - before[k] for k in ("inference_count", "execution_count")}
-    for k in DURATIONS:
-        out[k] = (after[k][0] - before[k][0], after[k][1] - before[k][1])
-    out["batch_stats"] = {}
-    for bs, b in after["batch_stats"].items():
-        prev = before["batch_stats"].get(bs, {})
-        d = {k: (b[k][0] - prev.get(k, (0, 0))[0], b[k][1] - prev.get(k, (0, 0))[1])
-             for k in BATCH_DURATIONS}
-        if any(n for n, _ in d.values()):
-            out["batch_stats"][bs] = d
-    return out
-
-
-def scrape(server) -> dict[str, float]:
-    with urllib.request.urlopen(server.metrics_url, timeout=10) as r:
-        text = r.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            if name.split("{")[0] in COUNTERS and ('model="add_sub"' in name or
-                                                  'model="failer"' in name):
-                out[name] = float(value)
-    return out
 
 
 # ---- 1. the path is used ------------------------------------------------------------------
@@ -279,18 +165,7 @@ def _sequence(server) -> None:
         g.close()
 
 
-def _snapshot(server) -> tuple[dict, dict]:
-    c = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
-    try:
-        return {m: stats(c, m) for m in ("add_sub", "failer")}, scrape(server)
-    finally:
-        c.close()
-
-
-def _deltas(before, after) -> tuple[dict, dict]:
-    s = {m: delta(before[0][m], after[0][m]) for m in before[0]}
-    names = set(before[1]) | set(after[1])
-    return s, {n: after[1].get(n, 0.0) - before[1].get(n, 0.0) for n in names}
+MODELS = ("add_sub", "failer")
 
 
 def _expected(s: dict) -> bool:
@@ -300,34 +175,20 @@ def _expected(s: dict) -> bool:
 
 
 def test_statistics_and_metrics_match_the_scheduled_path(direct, scheduled):
-    before = _snapshot(direct)
+    before = snapshot(direct, MODELS)
     _sequence(direct)
     # exact right after the last response: the scheduler flushes its workers first
-    d_stats, d_metrics = _deltas(before, _snapshot(direct))
+    d_stats, d_metrics = deltas(before, snapshot(direct, MODELS))
     assert _expected(d_stats), d_stats
 
-    before = _snapshot(scheduled)
+    before = snapshot(scheduled, MODELS)
     _sequence(scheduled)
     # (the scheduled path: a worker reports a batch just after answering it)
-    wait_until(lambda: _expected(_deltas(before, _snapshot(scheduled))[0]), 10,
+    wait_until(lambda: _expected(deltas(before, snapshot(scheduled, MODELS))[0]), 10,
                "the scheduled path's statistics")
-    s_stats, s_metrics = _deltas(before, _snapshot(scheduled))
+    s_stats, s_metrics = deltas(before, snapshot(scheduled, MODELS))
 
-    for model in ("add_sub", "failer"):
-        d, s = d_stats[model], s_stats[model]
-        assert (d["inference_count"], d["execution_count"]) == \
-            (s["inference_count"], s["execution_count"]), (model, d, s)
-        for k in DURATIONS:
-            assert d[k][0] == s[k][0], (model, k, d[k], s[k])
-            for got in (d, s):
-                assert (got[k][1] > 0) == (got[k][0] > 0), (model, k, got[k])
-        assert {bs: {k: n for k, (n, _) in b.items()} for bs, b in d["batch_stats"].items()} == \
-            {bs: {k: n for k, (n, _) in b.items()} for bs, b in s["batch_stats"].items()}, \
-            (model, d["batch_stats"], s["batch_stats"])
-        for got in (d, s):
-            for b in got["batch_stats"].values():
-                for k, (n, ns) in b.items():
-                    assert (ns > 0) == (n > 0), (model, k, got["batch_stats"])
+    assert_same_statistics(d_stats, s_stats)
     assert d_stats["add_sub"]["execution_count"] == 25
     assert d_stats["add_sub"]["fail"] == (0, 0) and d_stats["failer"]["success"] == (0, 0)
 
@@ -346,48 +207,18 @@ def test_statistics_and_metrics_match_the_scheduled_path(direct, scheduled):
 def test_killed_worker_fails_each_direct_request_once(direct, repo, client):
     sleep_request(client, 0)   # its route is known and connected
     pid, instance = worker(direct, "sleeper")
-    path = direct_path_of(pid)
-    results: list[list] = []
 
-    def send() -> None:
-        got: list = []
-        results.append(got)
-        c = httpclient.InferenceServerClient(direct.http_url, network_timeout=60)
-        try:
-            sleep_request(c, 5)
-            got.append("ok")
-        except InferenceServerException as e:
-            got.append(e)
-        finally:
-            c.close()
-
-    threads = [threading.Thread(target=send, daemon=True) for _ in range(4)]
     n0 = started(repo)
-    threads[0].start()
-    wait_until(lambda: started(repo) > n0, 10, "the first request to run")
-    # The worker runs it on its one loop: the others wait unread on its direct connection,
-    # each adding to what is queued there.
-    queued = queued_bytes(path)
-    assert queued == 0
-    for t in threads[1:]:
-        t.start()
-        wait_until(lambda q=queued: queued_bytes(path) > q, 10, "a request queued at the worker")
-        queued = queued_bytes(path)
-    assert started(repo) == n0 + 1 and all(t.is_alive() for t in threads), results
-    kill_and_reap(pid)
-    for t in threads:
-        t.join(30)
-    assert not any(t.is_alive() for t in threads), "a request hung after its worker died"
+    got = kill_while_queued(direct, repo, pid, lambda c: sleep_request(c, 5), 4)
     # The scheduler's text for what it dispatched there, exit code included: it tells the
     # frontends when the worker exits (their connection closing says only that it did)
     text = (f"model instance '{instance}' of model 'sleeper' exited unexpectedly "
             "(exit code -9); the request was not completed")
-    assert len(results) == 4 and all(len(r) == 1 for r in results), results
-    for (e,) in results:
-        assert isinstance(e, InferenceServerException), results
+    for e in got:
+        assert isinstance(e, InferenceServerException), got
         assert (e.status(), e.message()) == ("500", text)
 
-    wait_until(lambda: _try(lambda: sleep_request(client, 0)), RESTART_DEADLINE_S,
+    wait_until(lambda: answers(lambda: sleep_request(client, 0)), RESTART_DEADLINE_S,
                "'sleeper' to serve again")
     assert worker(direct, "sleeper")[0] != pid
     for _ in range(3):
@@ -487,7 +318,7 @@ def test_reload_and_unload_under_direct_traffic(direct):
 # ---- 5. cancellation ----------------------------------------------------------------------
 
 def test_cancelled_direct_request(direct, repo, client):
-    wait_until(lambda: _try(lambda: sleep_request(client, 0)), RESTART_DEADLINE_S,
+    wait_until(lambda: answers(lambda: sleep_request(client, 0)), RESTART_DEADLINE_S,
                "'sleeper' to serve")
     pid, _ = worker(direct, "sleeper")
     g = grpcclient.InferenceServerClient(direct.grpc_url)
@@ -509,27 +340,15 @@ def test_cancelled_direct_request(direct, repo, client):
 # ---- 6. a stale epoch goes through the scheduler ------------------------------------------
 
 def test_stale_epoch_is_resent_through_the_scheduler(direct):
-    from services.dataplane.client import DataPlane
-    from services.dataplane.settings import DataPlaneSettings
     from services.dataplane.types import CoreRequest, InputTensor
 
-    (run_dir,) = glob.glob(os.path.join(tempfile.gettempdir(), f"trireme-{direct.proc.pid}-*"))
     a = np.arange(4, dtype=np.float32)
     b = np.full(4, 2, np.float32)
 
     async def main():
-        dp = DataPlane(DataPlaneSettings(f"unix://{run_dir}/frontends.sock",
-                                         result_addr=f"unix://{run_dir}/results-test.sock",
-                                         use_shm=False))
-        await dp.start()
-        try:
-            # the scheduler's answer to our hello (a repository change: it drops the cache)
-            deadline = time.monotonic() + 10
-            while not dp.ready():
-                assert time.monotonic() < deadline, "the scheduler never answered"
-                await asyncio.sleep(0.01)
-            info = await dp._info("add_sub")
-            assert dp._models.get("add_sub") is info   # the cached one: requests use it
+        async with own_dataplane(direct, "test") as dp:
+            info = await dp.models.info("add_sub")
+            assert dp.models.get("add_sub") is info   # the cached one: requests use it
             assert info.routes, "add_sub has no route"
             info.routes[0].epoch += 1000
             resent = []
@@ -546,8 +365,6 @@ def test_stale_epoch_is_resent_through_the_scheduler(direct):
             out = {o.name: np.frombuffer(bytes(o.data), np.float32) for o in resp.outputs}
             dp.release(resp)
             return out, resent
-        finally:
-            dp.close()
 
     out, resent = asyncio.run(main())
     np.testing.assert_array_equal(out["OUTPUT0"], a + b)

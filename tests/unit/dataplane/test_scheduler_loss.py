@@ -120,7 +120,7 @@ def test_calls_fail_fast_until_the_scheduler_is_first_reached(tmp_path, wire):
                 with pytest.raises(TriremeError) as e:
                     await asyncio.wait_for(call, 0.5)
                 assert (e.value.code, e.value.message) == (Code.UNAVAILABLE, SCHEDULER_DOWN_TEXT)
-            assert not dp._pending and not dp._info_waiters and not dp.ready()
+            assert not dp._pending and not dp.models._fetches and not dp.ready()
             await sched.start()
             await until(dp.ready, 10, "ready once the scheduler listens")
             assert len(sched.of(m.FrontendHello)) == 1
@@ -152,7 +152,7 @@ def test_a_caller_gone_during_a_model_info_fetch_fails_no_other_caller(tmp_path)
             sched.send(m.InferResult(req.req_id, 1))
             assert (await asyncio.wait_for(second, 2)).outputs == []
             assert first.cancelled()
-            assert not dp._pending and not dp._info_waiters
+            assert not dp._pending and not dp.models._fetches
 
     asyncio.run(run())
 

@@ -1,0 +1,74 @@
+"""An ensemble request's tensors, kept alike by both places that run ensembles: the
+scheduler's ensemble queue (scheduler/ensemble.py) and a frontend's chains
+(dataplane/chain.py). Tensors are never copied: a step's input or an answer's output is a
+new TensorRef over the same bytes, an inline frame or the same shared-memory block.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from services.common import messages as m
+
+Tensors = dict[str, tuple[m.TensorRef, Any]]   # ensemble tensor name -> (ref, inline data)
+
+
+def renamed(ref: m.TensorRef, name: str, data: Any, frames: list[Any]) -> m.TensorRef:
+    """``ref`` under ``name``; inline data goes to the end of ``frames``."""
+    new = m.TensorRef(name, ref.datatype, ref.shape, ref.nbytes,
+                      segment=ref.segment, offset=ref.offset, key=ref.key)
+    if not ref.segment and not ref.key:
+        new.frame = len(frames)
+        frames.append(data)
+    return new
+
+
+def step_inputs(input_map: Mapping[str, str], tensors: Tensors) -> tuple[list[m.TensorRef], list[Any]]:
+    """A step's inputs (``input_map``: step input -> ensemble tensor) and their frames."""
+    inputs: list[m.TensorRef] = []
+    frames: list[Any] = []
+    for step_input, name in input_map.items():
+        ref, data = tensors[name]
+        inputs.append(renamed(ref, step_input, data, frames))
+    return inputs, frames
+
+
+def take_outputs(result: m.InferResult, frames: list[Any], output_map: Mapping[str, str],
+                 tensors: Tensors, blocks: set[tuple[str, int]],
+                 release: Callable[[list[tuple[str, int]]], None]) -> None:
+    """A step's outputs become ensemble tensors (``output_map``: step output -> ensemble
+    tensor); their blocks join ``blocks``, those of outputs no tensor takes are released."""
+    for o in result.outputs:
+        name = output_map.get(o.name)
+        if name is None:
+            if o.segment:
+                release([(o.segment, o.offset)])
+            continue
+        tensors[name] = (o, frames[o.frame] if o.frame >= 0 else None)
+        if o.segment:
+            blocks.add((o.segment, o.offset))
+
+
+def answer_outputs(names: Iterable[str], tensors: Tensors
+                   ) -> tuple[list[m.TensorRef], list[Any], set[tuple[str, int]]]:
+    """The answer's outputs (those of ``names`` there are), their frames, and the blocks
+    that go out with them (the frontend hands those back)."""
+    outputs: list[m.TensorRef] = []
+    frames: list[Any] = []
+    sent: set[tuple[str, int]] = set()
+    for name in names:
+        if name in tensors:
+            ref, data = tensors[name]
+            if ref.segment:
+                sent.add((ref.segment, ref.offset))
+            outputs.append(renamed(ref, name, data, frames))
+    return outputs, frames, sent
+
+
+def sequence_echo(params: Mapping[str, Any]) -> dict[str, Any]:
+    """What Triton's ensemble answers carry of the request's sequence flags."""
+    if not params.get("sequence_id"):
+        return {}
+    return {"sequence_id": params["sequence_id"],
+            "sequence_start": params.get("sequence_start") is True,
+            "sequence_end": params.get("sequence_end") is True}
