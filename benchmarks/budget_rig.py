@@ -178,13 +178,13 @@ class Rig:
 
         async def spawn(inst, config, model_dir, autocomplete):
             inst.pid, inst.shm_domain, inst.loaded = next(pids), self.domain, True
-            s._by_pid[inst.pid] = inst
-            s._workers[inst.worker_id] = inst
+            s.workers.by_pid[inst.pid] = inst
+            s.workers.by_id[inst.worker_id] = inst
             return mc.ModelConfig.FromString(config)
 
         s.models.spawn_instance = spawn
         s.fsock = transport_stream.Listener(f"unix://{tmp}/f.sock", s._on_frontend, s._frontend_lost)
-        s.wsock = transport_stream.Listener(f"unix://{tmp}/w.sock", s._on_worker)
+        s.wsock = transport_stream.Listener(f"unix://{tmp}/w.sock", s.workers.on_message)
         s.ssock = transport_stream.Listener(s.step_addr, s._on_step_results)
         for name in ("add_sub", "scale", ENSEMBLE):
             loop.run_until_complete(s.models.load(name))

@@ -114,7 +114,7 @@ def tables(res: dict) -> str:
          "transport_stream: uvloop ↔ uvloop, measured across 2 processes", ha, None),
         ("scheduler", "receive, decode, queue, dispatch, ExecuteBatch encode + write call",
          "transport_stream `_PeerProtocol.data_received` → `Scheduler._on_frontend` → `_infer` → "
-         "dispatch.py `VersionQueue.enqueue` → `pump` → `_dispatch` → worker_side.py `_send_batch`",
+         "dispatch.py `VersionQueue.enqueue` → `pump` → `_dispatch` → worker_side.py `Workers.send_batch`",
          st["sched.request"], ("{m}: queue_start→compute_start",)),
         ("scheduler→worker", "socket write + wake-up + read",
          "transport_stream: uvloop → `BlockingConnection.recv`, across 2 processes", hb,
@@ -142,7 +142,7 @@ def tables(res: dict) -> str:
         ("worker→scheduler", "BatchDone: socket write + wake-up + read (off the critical path)",
          "`BlockingConnection.send` → uvloop, across 2 processes", hb, None),
         ("scheduler", "BatchDone: decode, statistics, instance idle, pump",
-         "worker_side.py `WorkerSide._on_worker` → stats.py `executed` → dispatch.py `batch_done`",
+         "worker_side.py `Workers.on_message` → stats.py `executed` → dispatch.py `batch_done`",
          st["sched.batch_done"], None),
     ]
     result_rows = [
@@ -202,7 +202,7 @@ def tables(res: dict) -> str:
         sched_rows[0],
         ("scheduler", "ensemble request: decode, EnsembleQueue, step 1 queued and dispatched, "
          "ExecuteBatch to add_sub", "`Scheduler._on_frontend` → ensemble.py `EnsembleQueue` → "
-         "`Scheduler._submit_step` → `_infer_one` → `VersionQueue` → `_send_batch`",
+         "`Scheduler._submit_step` → `_infer_one` → `VersionQueue` → `Workers.send_batch`",
          st["ens.sched_request"], ("{m}: request_start→queue_start",
                                    "step add_sub: request_start→queue_start",
                                    "step add_sub: queue_start→compute_start")),
@@ -214,7 +214,7 @@ def tables(res: dict) -> str:
                                     "step add_sub: output_start→compute_end")),
         ("add_sub→scheduler", "BatchDone + step results: socket write + wake-up + read", "", hb, None),
         ("scheduler", "step 1 done: decode, statistics, step 2 queued and dispatched to scale",
-         "`WorkerSide._on_worker` → `_step_answered` → `EnsembleQueue.step_result` → `_submit_step`",
+         "`Workers.on_message` → `_step_answered` → `EnsembleQueue.step_result` → `_submit_step`",
          st["ens.sched_step1_done"], ("step add_sub: compute_end→request_end",
                                       "step scale: request_start→queue_start",
                                       "step scale: queue_start→compute_start")),

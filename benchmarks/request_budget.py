@@ -87,7 +87,7 @@ def frontend_stages(rig: Rig, n: int, repeats: int) -> dict[str, float]:
     loop, dp = rig.loop, rig.dp
     out: dict[str, float] = {}
     settings = FrontendSettings(dp.settings.scheduler_addr)
-    info = dp._models["add_sub"]
+    info = dp.models.infos["add_sub"]
 
     req_http = http_request_bytes()
     head_len = req_http.index(b"\r\n\r\n") + 4
@@ -275,7 +275,7 @@ def scheduler_worker_stages(rig: Rig, n: int, repeats: int) -> dict[str, float]:
     out: dict[str, float] = {}
     loop, dp, sched = rig.loop, rig.dp, rig.sched
     req_bytes = rig.request_bytes
-    info_e = dp._models[ENSEMBLE]
+    info_e = dp.models.infos[ENSEMBLE]
     from services.dataplane.types import CoreRequest, InputTensor
     ecore = CoreRequest(ENSEMBLE, "", "", [InputTensor("INPUT0", "FP32", [WIDTH], A.tobytes()),
                                            InputTensor("INPUT1", "FP32", [WIDTH], B.tobytes())],

@@ -63,7 +63,7 @@ PROCS = ("frontend", "scheduler", "worker[add_sub]")
 # names the row; a frame of ours that matches nothing (a shared helper) falls through.
 FE_COMMON = [
     ("dataplane/validation.py", r".*", "4 validation"),
-    ("dataplane/client.py", r"DataPlane\.(infer|_ready_info|_send_request|_place\w*|_input\w*)",
+    ("dataplane/client.py", r"DataPlane\.(infer|_send_request|_place\w*|_input\w*)",
      "5 input placement + InferRequest (DataPlane.infer)"),
     ("dataplane/outbox.py", r".*", "6 InferRequest encode + framing (outbox)"),
     ("dataplane/client.py", r"DataPlane\.(_on_result|_on_message|_deliver)",
@@ -101,7 +101,7 @@ STAGES = {
         *FE_COMMON,
     ],
     "scheduler": [
-        ("scheduler/worker_side.py", r"WorkerSide\._send_batch|WorkerSide\._send_worker",
+        ("scheduler/worker_side.py", r"Workers\.send_batch|Workers\.send",
          "8 request: dispatch, ExecuteBatch encode + write call"),
         ("scheduler/stats.py", r".*", "19 BatchDone: decode, statistics, idle, pump"),
         ("scheduler/dispatch.py", r"\w+\.batch_done", "19 BatchDone: decode, statistics, idle, pump"),

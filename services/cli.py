@@ -81,6 +81,10 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
                         "this file, and load them again when the scheduler restarts")
     p.add_argument("--allow-client-shm", type=parse_bool, default=False,
                    help="clients may register system shared-memory regions (Triton's flag)")
+    p.add_argument("--cache-config", action="append", default=[], metavar="<cache>,<setting>=<value>",
+                   help="the response cache, one setting per flag, as Triton's: local,size=<bytes>")
+    p.add_argument("--response-cache-byte-size", type=int, default=None,
+                   help="deprecated: --cache-config local,size=<bytes>")
     p.add_argument("--rate-limit", choices=["off", "execution_count"], default="off",
                    help="execution_count: instances run only while their resources are free")
     p.add_argument("--rate-limit-resource", action="append", default=[], type=_resource,
@@ -143,11 +147,23 @@ def _trace_config(args: argparse.Namespace):
         raise SystemExit(str(e).rstrip("\n")) from None
 
 
+def _cache_config(args: argparse.Namespace) -> tuple[str, dict[str, str]] | None:
+    """The response cache's flags; a bad one stops the server with Triton's text."""
+    from services.scheduler.response_cache import CacheConfigError, make_cache, parse_cache_flags
+    try:
+        config = parse_cache_flags(args.cache_config, args.response_cache_byte_size)
+        make_cache(config)
+    except CacheConfigError as e:
+        raise SystemExit(str(e)) from None
+    return config
+
+
 def _scheduler_settings(args: argparse.Namespace, frontend_addr: str, worker_addr: str, host: str):
     from services.scheduler.main import SchedulerSettings
     for r in args.model_repository:
         if not r.is_dir():
             raise SystemExit(f"error: failed to stat file {r}")
+    cache = _cache_config(args)
     return SchedulerSettings(
         repositories=[r.resolve() for r in args.model_repository],
         frontend_addr=frontend_addr, worker_addr=worker_addr,
@@ -164,7 +180,7 @@ def _scheduler_settings(args: argparse.Namespace, frontend_addr: str, worker_add
         allow_client_shm=args.allow_client_shm, trace=_trace_config(args),
         metrics_config=args.metrics_config, metrics_interval_ms=args.metrics_interval_ms,
         allow_cpu_metrics=args.allow_cpu_metrics, allow_gpu_metrics=args.allow_gpu_metrics,
-        model_namespacing=args.model_namespacing, direct_path=args.direct_path,
+        model_namespacing=args.model_namespacing, direct_path=args.direct_path, cache=cache,
         worker_args=(["--no-shm"] if getattr(args, "no_shm", False) else [])
         + ["--inline-threshold", str(args.inline_threshold)])
 

@@ -411,6 +411,18 @@ class TritonPythonModel:
 '''
 
 
+# OUT = 2 * IN, any shape (the response cache and ensemble-chain tests' second step)
+SCALE = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", 2 * pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
+            for r in requests]
+'''
+
 def python_model(root: Path, name: str, source: str, config: str | None) -> Path:
     d = root / name
     (d / "1").mkdir(parents=True, exist_ok=True)

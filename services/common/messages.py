@@ -109,6 +109,7 @@ class Kind(enum.IntEnum):
     GET_PENDING = 82
     PENDING = 83
     ENSEMBLE_STATS = 84            # frontend -> scheduler: ensembles it ran over routes
+    CACHE_INSERT = 85              # frontend -> scheduler: a response cache miss's answer
     # worker host <-> scheduler (on the worker socket)
     HOST_HELLO = 40
     HOST_HEARTBEAT = 41
@@ -180,6 +181,18 @@ class InferRequest(_Msg):
     # map that worker's segments (the scheduler decides it for the requests it dispatches).
     epoch: int = 0
     shm: bool = False
+    # The response cache's key (its model enables the cache): the scheduler looks it up
+    # before queueing (scheduler/response_cache.py); b"": not looked up.
+    cache_key: bytes = b""
+
+
+class CacheInsert(_Msg):
+    """Frontend -> scheduler: the final answer of a request the response cache missed:
+    its outputs in the frames (``ok``), or ok=False for an error (not kept)."""
+    req_id: int
+    key: bytes
+    outputs: list[TensorRef] = []
+    ok: bool = True
 
 
 class InferRequests(_Msg):
@@ -265,6 +278,8 @@ class InferResult(_Msg):
     # A direct request the worker refused unrun (a revoked or stale epoch): the frontend
     # sends it through the scheduler.
     stale: bool = False
+    # Answered from the response cache (no CacheInsert follows).
+    cached: bool = False
 
 
 class InferResults(_Msg):
@@ -297,6 +312,7 @@ class ModelInfo(_Msg):
     labels: dict[str, list[str]] = {}   # output name -> its label_filename's lines (classification)
     routes: list[Route] = []       # where requests may go without the scheduler (direct path)
     chain: list[ChainStep] = []    # an ensemble a frontend may run over its steps' routes
+    cache: bool = False            # requests are looked up in the response cache (their key)
 
 
 class IndexEntry(_Msg):
@@ -535,6 +551,7 @@ _KIND_OF: dict[type[_Msg], Kind] = {
     GetPending: Kind.GET_PENDING,
     Pending: Kind.PENDING,
     EnsembleStats: Kind.ENSEMBLE_STATS,
+    CacheInsert: Kind.CACHE_INSERT,
 }
 # ReleaseOutputs shares the RELEASE_BLOCKS kind byte on the scheduler -> worker leg.
 _KIND_BYTES = {cls: bytes([k]) for cls, k in _KIND_OF.items()}

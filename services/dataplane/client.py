@@ -44,6 +44,7 @@ from services.common.shm import (
     by_owner,
 )
 from services.common.shm import domain as shm_domain
+from services.dataplane.cache_key import cache_key
 from services.dataplane.chain import Chains
 from services.dataplane.classification import classify_outputs
 from services.dataplane.control import ControlCalls, TraceCalls, error_from
@@ -94,6 +95,8 @@ class DataPlane(ControlCalls, TraceCalls):
         self._pending: dict[int, asyncio.Future | asyncio.Queue] = {}
         # req_id -> input blocks, of every request until its final answer (freed then)
         self._inflight: dict[int, list[Any]] = {}
+        # req_id -> its response cache key, of every looked-up request until its final answer
+        self._cache_keys: dict[int, bytes] = {}
         self.models = ModelCache(lambda model: self._call(m.GetModelInfo(next(self._ids), model)))
         self._streams: dict[int, list[Any]] = {}      # preserve_ordering state per stream
         self._scheduler_ready = False
@@ -192,6 +195,7 @@ class DataPlane(ControlCalls, TraceCalls):
         self._direct.forget()
         self._chains.forget()
         inflight, self._inflight = self._inflight, {}
+        self._cache_keys.clear()
         for blocks in inflight.values():   # no answer is coming for any of them
             self._free_inputs(blocks)
         for req_id, waiter in pending.items():
@@ -294,6 +298,10 @@ class DataPlane(ControlCalls, TraceCalls):
             blocks = self._inflight.pop(msg.req_id, None)
             if blocks:
                 self._free_inputs(blocks)
+            if self._cache_keys:
+                key = self._cache_keys.pop(msg.req_id, None)
+                if key is not None and not msg.cached:
+                    self._cache_insert(msg, frames, key)
             if self._direct.by_req:
                 self._direct.answered(msg.req_id)
         waiter = self._pending.get(msg.req_id)
@@ -312,6 +320,18 @@ class DataPlane(ControlCalls, TraceCalls):
         elif self._chains.by_step and self._chains.answered(msg, frames):
             return   # a step of an ensemble this data plane runs (chain.py)
         self._drop(msg, frames)
+
+    def _cache_insert(self, msg: m.InferResult, frames: list[Any], key: bytes) -> None:
+        """A response cache miss's answer, for the scheduler to keep (a success) or forget."""
+        if msg.error is not None:
+            self._send(m.CacheInsert(msg.req_id, key, ok=False))
+            return
+        data = [frames[o.frame] if o.frame >= 0 else self._segments.view(o.segment, o.offset,
+                                                                           o.nbytes)
+                for o in msg.outputs]
+        self._send(m.CacheInsert(msg.req_id, key, [
+            m.TensorRef(o.name, o.datatype, o.shape, o.nbytes, frame=i)
+            for i, o in enumerate(msg.outputs)]), data)
 
     def _drop(self, msg: m.InferResult, frames: list[Any]) -> None:
         """Nobody waits (the caller went away): hand back its output blocks now."""
@@ -456,8 +476,11 @@ class DataPlane(ControlCalls, TraceCalls):
         # Straight to a worker where a route allows, or an ensemble's steps each to theirs
         # (not for client shared memory or traces: the scheduler resolves regions and
         # samples traces)
-        route, plan = None, None
-        if (info.routes or info.chain) and self.settings.direct and not self.trace_on \
+        route, plan, key = None, None, b""
+        if info.cache:   # looked up in the response cache first: the scheduler's path
+            key = b"" if _uses_regions(req) else cache_key(
+                info.name, version, req.inputs, [o.name for o in req.outputs or ()])
+        elif (info.routes or info.chain) and self.settings.direct and not self.trace_on \
                 and not _uses_regions(req):
             if info.routes:
                 route = self._direct.pick(info, version)
@@ -506,6 +529,8 @@ class DataPlane(ControlCalls, TraceCalls):
         trace = self._trace_begin(req, version) if self.trace_on else 0
         msg = m.InferRequest(req_id, self.result_addr, req.model, version, refs, outputs,
                              req.parameters, batch_size, req.id, regions, trace)
+        if key:
+            msg.cache_key = self._cache_keys[req_id] = key
         if route is None:
             self._outbox.submit(msg, frames)
         elif plan is not None:

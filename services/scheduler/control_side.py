@@ -1,11 +1,21 @@
-"""The Scheduler's control half (a mixin, as worker_side.py is its worker half): the
-statistics extension, readiness probes of models that check themselves, explicit load and
-unload, the log settings every process follows, the figures /metrics shows."""
+"""The scheduler's control plane: the statistics extension, readiness probes of models that
+check themselves, explicit load and unload, the log settings every process follows, the
+figures /metrics shows.
+
+``ControlPlane`` is an object the Scheduler (main.py) owns and calls from its frontend
+socket's handler table (and Metrics from /metrics); it is given the model manager, the
+statistics, and the sending and probing hooks it uses, and keeps no state of its own:
+
+    GetStats ─▶ statistics          CheckReady ─▶ check_ready ─▶ Workers.probe (worker_side.py)
+    Load/UnloadModelRequest ─▶ load_or_unload ─▶ ModelManager.load / unload, --model-state-file
+    SetLogSettings ─▶ log_settings_changed ─▶ every frontend, worker and worker host
+    /metrics ─▶ ready_versions, cluster_metrics
+"""
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from services.common import logsettings
@@ -36,51 +46,56 @@ def _check_model_name(name: str) -> None:
                                              f"not contain path traversal characters")
 
 
-class ControlSide:
-    settings: Any                  # SchedulerSettings
-    models: ModelManager
-    hosts: Hosts
-    stats: StatsRegistry
-    loaded_models: LoadedModels
-    frontends: set[bytes]
-    fsock: Any
-    wsock: Any
-    _requests_from: dict[bytes, list]
-    _workers: dict[str, Any]
-    _spawning: dict[str, Any]
-    _probes: dict[int, asyncio.Future]
-    _probe_ids: Any
+class ControlPlane:
+    """Answers the control requests frontends send. ``models``, ``stats``, ``hosts`` and
+    ``loaded_models`` are the Scheduler's; ``frontends`` and ``requests_from`` (identity ->
+    [result address, requests]) its frontend side's, read here; ``send_frontend`` answers
+    one frontend, ``frontend_send`` writes encoded parts to one (no answer: a broadcast);
+    ``probe``, ``forget_probe`` and ``broadcast_workers`` are the worker side's."""
 
-    if TYPE_CHECKING:
-        def _send_frontend(self, identity: bytes, msg: Any, frames: Sequence[Any] = ()) -> None: ...
+    def __init__(self, *, explicit: bool, models: ModelManager, stats: StatsRegistry,
+                 hosts: Hosts, loaded_models: LoadedModels,
+                 frontends: Callable[[], set[bytes]], requests_from: dict[bytes, list],
+                 send_frontend: Callable[[bytes, Any], None],
+                 frontend_send: Callable[[bytes, Sequence[Any]], bool],
+                 probe: Callable[[str], tuple[int, asyncio.Future]],
+                 forget_probe: Callable[[int], None],
+                 broadcast_workers: Callable[[Sequence[Any]], None]) -> None:
+        self._explicit = explicit                  # --model-control-mode explicit
+        self._models = models
+        self._stats = stats
+        self._hosts = hosts
+        self._loaded_models = loaded_models        # --model-state-file
+        self._frontends = frontends
+        self._requests_from = requests_from
+        self._send_frontend = send_frontend
+        self._frontend_send = frontend_send
+        self._probe = probe                        # (worker id) -> (probe id, its ProbeResult)
+        self._forget_probe = forget_probe
+        self._broadcast_workers = broadcast_workers
 
-        def _send_worker(self, worker_id: str, msg: Any, frames: Sequence[Any] = ()) -> bool: ...
-
-    def _log_settings_changed(self) -> None:
+    def log_settings_changed(self) -> None:
         """Triton's logging extension: every frontend, worker and worker host follows the
         scheduler's settings (services/common/logsettings.py), from the next message on."""
         parts = m.encode(logsettings.changed())
-        for identity in list(self.frontends):
-            self.fsock.send(identity, parts)
-        for worker_id in {*self._workers, *self._spawning}:   # (one not connected yet gets
-            self.wsock.send(worker_id.encode(), parts)        # them with its WorkerReady)
-        for host in self.hosts.remote.values():
-            self.wsock.send(host.identity, parts)
+        for identity in list(self._frontends()):
+            self._frontend_send(identity, parts)
+        self._broadcast_workers(parts)
 
-    def _cluster_metrics(self) -> list[str]:
+    def cluster_metrics(self) -> list[str]:
         return cluster_families({addr: n for addr, n in self._requests_from.values()},
-                                {h.name: h.instances for h in self.hosts.all()})
+                                {h.name: h.instances for h in self._hosts.all()})
 
-    def _ready_versions(self) -> list[tuple[str, int]]:
+    def ready_versions(self) -> list[tuple[str, int]]:
         """(model, version) of every READY version, sorted: what statistics and metrics show."""
-        return [(n, v) for n, e in sorted(self.models.models.items())
+        return [(n, v) for n, e in sorted(self._models.models.items())
                 for v, s in sorted(e.versions.items()) if s.state == ModelState.READY]
 
-    def _statistics(self, msg: m.GetStats) -> m.Stats:
+    def statistics(self, msg: m.GetStats) -> m.Stats:
         """The statistics extension: every ready version, one model, or one version."""
-        versions = self._ready_versions()
+        versions = self.ready_versions()
         if msg.model:
-            entry = self.models.lookup(msg.model)   # (an ambiguous name: "not available")
+            entry = self._models.lookup(msg.model)   # (an ambiguous name: "not available")
             key = entry.key if entry is not None else ""
             ready = [v for n, v in versions if n == key]
             if not ready:
@@ -91,25 +106,23 @@ class ControlSide:
                     int(Code.INVALID_ARG),
                     f"requested model version is not available for model '{msg.model}'"))
             versions = [(key, v) for v in ([msg.version] if msg.version >= 0 else ready)]
-        return m.Stats(msg.ctl_id, [self.stats.get(k, v).to_message(self.models.split_key(k)[0], v)
+        return m.Stats(msg.ctl_id, [self._stats.get(k, v).to_message(self._models.split_key(k)[0], v)
                                     for k, v in versions])
 
-    async def _check_ready(self, identity: bytes, msg: m.CheckReady) -> None:
+    async def check_ready(self, identity: bytes, msg: m.CheckReady) -> None:
         """Ready when every instance of the version says so within PROBE_TIMEOUT_S (a
         worker answers between batches; a model that hangs is not ready)."""
-        entry = self.models.lookup(msg.model)
+        entry = self._models.lookup(msg.model)
         vs = entry.ready_version(msg.version) if entry is not None else None
         err = None
         if entry is None or vs is None:
             err = m.ErrorRecord(int(Code.UNAVAILABLE), f"'{msg.model}' is not ready")
         else:
-            loop = asyncio.get_running_loop()
             probes = {}
             for inst in entry.instances:
                 if inst.version == vs.version and inst.probe and inst.loaded:
-                    probe_id = next(self._probe_ids)
-                    probes[probe_id] = self._probes[probe_id] = loop.create_future()
-                    self._send_worker(inst.worker_id, m.ProbeReady(probe_id))
+                    probe_id, answer = self._probe(inst.worker_id)
+                    probes[probe_id] = answer
             try:
                 results = await asyncio.wait_for(asyncio.gather(*probes.values()), PROBE_TIMEOUT_S)
                 bad = [r for r in results if not r.ready]
@@ -120,13 +133,15 @@ class ControlSide:
                                                            f"readiness check in {PROBE_TIMEOUT_S:.0f} s")
             finally:
                 for probe_id in probes:
-                    self._probes.pop(probe_id, None)
+                    self._forget_probe(probe_id)
         self._send_frontend(identity, m.ControlDone(msg.ctl_id, err))
 
-    async def _control(self, identity: bytes, msg: Any) -> None:
+    async def load_or_unload(self, identity: bytes, msg: Any) -> None:
+        """Explicit model control (a LoadModelRequest or an UnloadModelRequest), answered
+        with ControlDone; a load or unload is remembered in --model-state-file."""
         err = None
         try:
-            if self.settings.control_mode != "explicit":
+            if not self._explicit:
                 raise TriremeError(Code.UNAVAILABLE, "explicit model load / unload is not allowed "
                                                      "if polling is enabled")
             if isinstance(msg, m.LoadModelRequest):
@@ -140,13 +155,13 @@ class ControlSide:
                         log.warning("load of '%s': %s", msg.model, e.message)
                         raise poll_failed(msg.model) from None
                 try:
-                    await self.models.load(msg.model, override, msg.files)
+                    await self._models.load(msg.model, override, msg.files)
                 except LoadFailed as e:   # Triton's words around the reason the index shows
                     raise explicit_load_failed(msg.model, e) from None
-                self.loaded_models.loaded(msg.model, msg.config_json, msg.files)
+                self._loaded_models.loaded(msg.model, msg.config_json, msg.files)
             else:
-                await self.models.unload(msg.model)
-                self.loaded_models.unloaded(msg.model)
+                await self._models.unload(msg.model)
+                self._loaded_models.unloaded(msg.model)
         except TriremeError as e:
             err = m.ErrorRecord(int(e.code), e.message)
         except Exception as e:

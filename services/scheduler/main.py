@@ -6,6 +6,17 @@
     workers ──connect──▶ frontends' result listeners (results go straight back; the
                          scheduler only hears BatchDone)
 
+The Scheduler owns the sockets, the frontend side (its handler table, requests into their
+queues, ensemble steps, answers) and the objects it calls, each given the state and hooks
+it needs:
+
+    Workers (worker_side.py)       the worker socket's handler table, the instances'
+                                   processes: spawn, stop, exits; readiness probes
+    ControlPlane (control_side.py) statistics, readiness, explicit load / unload, the log
+                                   settings broadcast, the figures /metrics shows
+    ModelManager (lifecycle.py)    the repository and every model state transition
+    DirectRoutes (routes.py)       the direct path's routes and the statistics it leaves
+
 Listeners and connections are services/common/transport's (stream sockets or ZeroMQ).
 Tensor bytes never pass through here as copies: inline frames are forwarded by reference
 (the received buffers) and shared-memory tensors are only references.
@@ -13,7 +24,6 @@ Tensor bytes never pass through here as copies: inline frames are forwarded by r
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import os
 import time
@@ -36,8 +46,8 @@ from services.common.errors import (
 )
 from services.common.states import ModelState
 from services.scheduler.batcher import BatcherConfig
-from services.scheduler.control_side import ControlSide
-from services.scheduler.dispatch import Instance, Pending, VersionQueue, log_request
+from services.scheduler.control_side import ControlPlane
+from services.scheduler.dispatch import Pending, VersionQueue, log_request
 from services.scheduler.ensemble import EnsembleQueue
 from services.scheduler.ensemble_config import step_order
 from services.scheduler.hosts import Hosts, LocalHost
@@ -45,6 +55,7 @@ from services.scheduler.lifecycle import ModelManager
 from services.scheduler.metrics import Metrics
 from services.scheduler.queues import SchedulingQueue
 from services.scheduler.rate_limiter import RateLimiter
+from services.scheduler.response_cache import ResponseCache, make_cache
 from services.scheduler.routes import DirectRoutes, qualifies
 from services.scheduler.sequence import SequenceConfig, SequenceQueue
 from services.scheduler.shm_regions import Registry
@@ -53,7 +64,7 @@ from services.scheduler.stats import StatsRegistry
 from services.scheduler.trace_config import TraceConfig
 from services.scheduler.trace_settings import TraceManager
 from services.scheduler.watchdog import execution_limit
-from services.scheduler.worker_side import WorkerSide
+from services.scheduler.worker_side import Workers
 
 log = logging.getLogger("trireme.scheduler")
 
@@ -110,9 +121,12 @@ class SchedulerSettings:
     direct_path: bool = True
     """Requests to versions with nothing to decide per request go from the frontend to a
     worker directly (routes.py); False (--no-direct-path): every request comes here."""
+    cache: tuple[str, dict[str, str]] | None = None
+    """--cache-config (or --response-cache-byte-size): the response cache and its settings
+    (response_cache.py); None: no cache."""
 
 
-class Scheduler(ControlSide, WorkerSide):
+class Scheduler:
     def __init__(self, settings: SchedulerSettings) -> None:
         self.settings = settings
         self.frontends: set[bytes] = set()
@@ -131,35 +145,57 @@ class Scheduler(ControlSide, WorkerSide):
         self.traces = TraceManager(settings.trace, self._send_frontend, lambda: self.frontends,
                                    STEP_IDENTITY)
         self.custom_metrics: dict[str, list] = {}   # worker id -> its model's custom families
-        # The direct path's routes and the statistics its workers keep (routes.py)
-        self.direct = DirectRoutes(self._send_worker, self._send_frontend,
-                                   lambda: self.frontends, self._changed, self.stats,
-                                   self.custom_metrics, settings.unload_timeout_secs)
-        self.metrics = Metrics(self.stats, self._ready_versions,
-                               lambda: list(self.custom_metrics.values()), self._cluster_metrics,
-                               lambda key: self.models.split_key(key),
-                               self.direct.flush_for_metrics)
+        # The direct path's routes and the statistics its workers keep (routes.py); it
+        # reaches workers through the worker side, made below (which calls it in turn)
+        self.direct = DirectRoutes(lambda worker_id, msg: self.workers.send(worker_id, msg),
+                                   self._send_frontend, lambda: self.frontends, self._changed,
+                                   self.stats, self.custom_metrics, settings.unload_timeout_secs)
+        # Triton's response cache, shared by every frontend (response_cache.py)
+        self.cache = ResponseCache(make_cache(settings.cache), self._send_frontend)
         self.limiter = (RateLimiter(settings.rate_limit_resources)
                         if settings.rate_limit == "execution_count" else None)
         # Triton's batching test hook: each batcher holds requests until this many are queued.
         self.delay_count = int(os.environ.get("TRITONSERVER_DELAY_SCHEDULER", "0") or 0)
         self.ready = False
-        self._frontend_handlers = self._frontend_table()
-        self._spawning: dict[str, tuple[asyncio.Future, asyncio.Future]] = {}
-        self._probes: dict[int, asyncio.Future] = {}
-        self._probe_ids = itertools.count(1)
-        self._by_pid: dict[int, Instance] = {}       # loaded instances by worker pid
-        self._workers: dict[str, Instance] = {}      # ... and by worker id
         self._stopping = False
+        # Instances' processes are the worker side's, made next (it reads the entries)
         self.models = ModelManager(
-            settings.repositories, spawn_instance=self._spawn_instance,
-            stop_instance=self._stop_instance, make_queue=self._make_queue,
+            settings.repositories,
+            spawn_instance=lambda inst, config, model_dir, autocomplete: self.workers.spawn(
+                inst, config, model_dir, autocomplete),
+            stop_instance=lambda inst: self.workers.stop(inst), make_queue=self._make_queue,
             withdraw=self.direct.withdraw, announce=self.direct.announce,
             changed=self._changed, config_name=settings.config_name,
             disable_autocomplete=settings.disable_autocomplete, limiter=self.limiter,
             execution_timeout_s=settings.execution_timeout_secs,
-            unload_timeout_s=settings.unload_timeout_secs, wait_for_host=self._wait_for_host,
+            unload_timeout_s=settings.unload_timeout_secs,
+            wait_for_host=lambda inst, give_up: self.workers.wait_for_host(inst, give_up),
             namespacing=settings.model_namespacing)
+        # The worker socket and the instances' processes (worker_side.py)
+        self.workers = Workers(
+            send=lambda identity, parts: self.wsock.send(identity, parts), relay=self._relay,
+            send_frontend=self._send_frontend, hosts=self.hosts, direct=self.direct,
+            limiter=self.limiter, custom_metrics=self.custom_metrics,
+            entries=self.models.models, model_name=lambda key: self.models.split_key(key)[0],
+            instance_exited=self.models.instance_exited, changed=self._changed,
+            answered=self._answered, step_answered=self._step_answered,
+            frontend_addr=settings.frontend_addr, step_addr=lambda: self.step_addr)
+        # Statistics, readiness, explicit load / unload, log settings (control_side.py)
+        self.control = ControlPlane(
+            explicit=settings.control_mode == "explicit", models=self.models,
+            stats=self.stats, hosts=self.hosts, loaded_models=self.loaded_models,
+            frontends=lambda: self.frontends, requests_from=self._requests_from,
+            send_frontend=self._send_frontend,
+            frontend_send=lambda identity, parts: self.fsock.send(identity, parts),
+            probe=self.workers.probe, forget_probe=self.workers.forget_probe,
+            broadcast_workers=self.workers.broadcast)
+        self.metrics = Metrics(self.stats, self.control.ready_versions,
+                               lambda: list(self.custom_metrics.values()),
+                               self.control.cluster_metrics,
+                               lambda key: self.models.split_key(key),
+                               self.direct.flush_for_metrics,
+                               lambda: self.cache.cache.gauges() if self.cache.cache else [])
+        self._frontend_handlers = self._frontend_table()
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -167,7 +203,7 @@ class Scheduler(ControlSide, WorkerSide):
             log.info("removed stale shared-memory segment %s", seg)
         self.fsock = await transport.listen(self.settings.frontend_addr, self._on_frontend,
                                             on_lost=self._frontend_lost)
-        self.wsock = await transport.listen(self.settings.worker_addr, self._on_worker,
+        self.wsock = await transport.listen(self.settings.worker_addr, self.workers.on_message,
                                             on_lost=self.hosts.peer_lost)
         self.hosts.start()
         # Results of ensemble steps come here: a socket beside the worker socket's path, or a
@@ -241,11 +277,18 @@ class Scheduler(ControlSide, WorkerSide):
             (log.debug if self._stopping else log.warning)("cannot reach frontend %r", identity)
             self.frontends.discard(identity)
 
+    def _relay(self, reply_to: str, parts: list[Any]) -> bool:
+        """A worker's result message, relayed to the frontend of its result address (False:
+        no frontend to go to)."""
+        frontend = self._routes.get(reply_to)
+        return frontend is not None and self.fsock.send(frontend, parts)
+
     def _frontend_lost(self, identity: bytes) -> None:
         """Its connection closed: forget it (a frontend that comes back says hello again)."""
         self.frontends.discard(identity)
         self._frontend_domains.pop(identity, None)
         self.direct.frontend_lost(identity)
+        self.cache.frontend_lost(identity)
         self.traces.frontend_lost(identity)   # its traces never complete
         route = self._requests_from.pop(identity, None)
         if route is not None and self._routes.get(route[0]) == identity:
@@ -263,10 +306,10 @@ class Scheduler(ControlSide, WorkerSide):
     def _frontend_table(self) -> dict[type, Callable[[bytes, Any, list[Any]], None]]:
         """What a frontend sends, and who handles it: the frontend socket's one table."""
         def control(identity: bytes, msg: Any, frames: list[Any]) -> None:
-            asyncio.get_running_loop().create_task(self._control(identity, msg))
+            asyncio.get_running_loop().create_task(self.control.load_or_unload(identity, msg))
 
         def check_ready(identity: bytes, msg: m.CheckReady, frames: list[Any]) -> None:
-            asyncio.get_running_loop().create_task(self._check_ready(identity, msg))
+            asyncio.get_running_loop().create_task(self.control.check_ready(identity, msg))
 
         def regions(identity: bytes, msg: Any, frames: list[Any]) -> None:
             reply, forget = self.regions.answer(msg)
@@ -276,7 +319,7 @@ class Scheduler(ControlSide, WorkerSide):
         def log_settings(identity: bytes, msg: Any, frames: list[Any]) -> None:
             settings = logsettings.answer(msg)
             if isinstance(msg, m.SetLogSettings) and settings.error is None:
-                self._log_settings_changed()   # (before the answer: the asker has them then)
+                self.control.log_settings_changed()   # (before the answer: the asker has them then)
             self._send_frontend(identity, settings)
 
         return {
@@ -285,7 +328,7 @@ class Scheduler(ControlSide, WorkerSide):
             m.ReleaseBlocks: self._on_release_blocks,
             m.GetModelInfo: self._on_model_info,
             m.GetStats: lambda identity, msg, frames: self._after_flush(
-                identity, lambda: self._statistics(msg), self.direct.flush),
+                identity, lambda: self.control.statistics(msg), self.direct.flush),
             m.CheckReady: check_ready,
             m.GetIndex: lambda identity, msg, frames: self._send_frontend(
                 identity, m.Index(msg.ctl_id, self.models.index(msg.ready_only))),
@@ -299,6 +342,7 @@ class Scheduler(ControlSide, WorkerSide):
             m.SetLogSettings: log_settings,
             m.FrontendHello: self._on_hello,
             m.Pending: lambda identity, msg, frames: self.direct.on_pending(identity, msg),
+            m.CacheInsert: self.cache.on_insert,
             m.EnsembleStats: lambda identity, msg, frames: self.direct.on_ensemble_stats(
                 identity, msg),
             m.TraceSettingsRequest: self._on_trace_settings,
@@ -325,9 +369,9 @@ class Scheduler(ControlSide, WorkerSide):
 
     def _on_release_blocks(self, identity: bytes, msg: m.ReleaseBlocks,
                            frames: list[Any]) -> None:
-        inst = self._by_pid.get(msg.owner_pid)
+        inst = self.workers.by_pid.get(msg.owner_pid)
         if inst is not None:
-            self._send_worker(inst.worker_id, m.ReleaseOutputs(msg.blocks))
+            self.workers.send(inst.worker_id, m.ReleaseOutputs(msg.blocks))
 
     def _on_model_info(self, identity: bytes, msg: m.GetModelInfo, frames: list[Any]) -> None:
         # The cached ModelInfo is shared: answer with a copy carrying this ctl_id.
@@ -340,7 +384,9 @@ class Scheduler(ControlSide, WorkerSide):
         entry = self.models.lookup(msg.model)
         self._send_frontend(identity, msgspec.structs.replace(
             info, ctl_id=msg.ctl_id, shm=self._shares_memory(identity, msg.model),
-            routes=self.direct.routes(entry.instances) if entry is not None else []))
+            routes=self.direct.routes(entry.instances) if entry is not None else [],
+            cache=entry is not None and entry.config is not None
+            and self.cache.enabled(entry.name, entry.config)))
 
     def _on_hello(self, identity: bytes, msg: m.FrontendHello, frames: list[Any]) -> None:
         self.frontends.add(identity)
@@ -410,6 +456,7 @@ class Scheduler(ControlSide, WorkerSide):
 
     def _infer(self, identity: bytes, req: m.InferRequest, frames: list[Any],
                shm_domain: str | None = None, entry: Any = None) -> None:
+        arrived = time.monotonic_ns()
         if entry is None:   # (an ensemble step's comes resolved: ModelManager.step_entry)
             entry = self.models.lookup(req.model)
         vs = entry.ready_version(req.version) if entry is not None else None
@@ -422,6 +469,9 @@ class Scheduler(ControlSide, WorkerSide):
                 self._fail_req(identity, req, Code.UNAVAILABLE, not_ready_text(req.model, v))
             return
         req.version = vs.version
+        if req.cache_key and vs.queue.stats is not None and vs.queue.stats.cached and \
+                self.cache.lookup(identity, req, vs.queue.stats, arrived):
+            return   # answered from the response cache
         regions: tuple[str, ...] = ()
         if req.out_regions or any(t.region for t in req.inputs):
             try:
@@ -461,8 +511,9 @@ class Scheduler(ControlSide, WorkerSide):
 
     def _make_queue(self, model: str, version: int, config: Any) -> SchedulingQueue:
         args = (model, version, BatcherConfig.from_model_config(config, self.delay_count),
-                self._send_batch, self._fail, asyncio.get_running_loop().call_later, self.limiter)
+                self.workers.send_batch, self._fail, asyncio.get_running_loop().call_later, self.limiter)
         stats = self.stats.fresh(model, version, config)
+        stats.cached = self.cache.enabled(self.models.split_key(model)[0], config)
         if config.HasField("ensemble_scheduling"):
             return EnsembleQueue(model, version, config, step_order(config), self._submit_step,
                                  self._respond, self._fail, self._release_blocks, stats)
@@ -471,7 +522,8 @@ class Scheduler(ControlSide, WorkerSide):
                                  sequence=SequenceConfig.from_model_config(config))
         direct = self.settings.direct_path and qualifies(
             config, limiter=self.limiter, delay_count=self.delay_count,
-            execution_limit_s=execution_limit(config, self.settings.execution_timeout_secs))
+            execution_limit_s=execution_limit(config, self.settings.execution_timeout_secs),
+            cached=stats.cached)
         return VersionQueue(*args, stats=stats, on_serving=self.direct.open if direct else None)
 
     # ------------------------------------------------------------------ ensemble steps
@@ -490,7 +542,11 @@ class Scheduler(ControlSide, WorkerSide):
                         self.models.step_entry(queue.model, req.model))
 
     def _on_step_results(self, identity: bytes, parts: list[Any]) -> None:
+        """The step socket's loop: workers send only ensemble steps' results here."""
         msg, frames = m.decode(parts)
+        if not isinstance(msg, (m.InferResult, m.InferResults)):
+            log.warning("unexpected %s on the step socket", type(msg).__name__)
+            return
         self._step_answered(msg, frames)
 
     def _step_answered(self, msg: Any, frames: list[Any]) -> None:
@@ -520,15 +576,15 @@ class Scheduler(ControlSide, WorkerSide):
         """Workers unmap these objects: sent after every batch that may use them, on the
         same connections."""
         if keys:
-            for worker_id in list(self._workers):
-                self._send_worker(worker_id, m.ForgetRegions(keys))
+            for worker_id in list(self.workers.by_id):
+                self.workers.send(worker_id, m.ForgetRegions(keys))
 
     def _release_blocks(self, blocks: list[tuple[str, int]]) -> None:
         """Hand shared-memory blocks back to the workers that own them."""
         for pid, owned in shm.by_owner(blocks).items():
-            inst = self._by_pid.get(pid)
+            inst = self.workers.by_pid.get(pid)
             if inst is not None:
-                self._send_worker(inst.worker_id, m.ReleaseOutputs(owned))
+                self.workers.send(inst.worker_id, m.ReleaseOutputs(owned))
 
     def _fail_req(self, identity: bytes, req: m.InferRequest, code: int, message: str) -> None:
         self._send_frontend(identity, m.InferResult(req.req_id, error=m.ErrorRecord(int(code), message)))

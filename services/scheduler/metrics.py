@@ -81,6 +81,18 @@ SUMMARY_FAMILIES = (
      "requests)"),
 )
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+# Triton's per-model response cache counters, for the versions whose requests are looked up
+CACHE_COUNTERS: tuple[tuple[str, str, Callable[[VersionStats], int]], ...] = (
+    ("nv_cache_num_hits_per_model", "Number of cache hits per model",
+     lambda s: s.cache_hits[0]),
+    ("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds",
+     lambda s: s.cache_hits[1] // _US),
+    ("nv_cache_num_misses_per_model", "Number of cache misses per model",
+     lambda s: s.cache_misses[0]),
+    ("nv_cache_miss_duration_per_model",
+     "Total cache miss (insert+lookup) duration per model, in microseconds",
+     lambda s: s.cache_misses[1] // _US),
+)
 HISTOGRAM = ("nv_inference_batch_size", "Batch sizes of model executions")
 
 
@@ -92,8 +104,10 @@ class Metrics:
     def __init__(self, stats: StatsRegistry, ready: Callable[[], list],
                  custom: Callable[[], list] = list, cluster: Callable[[], list[str]] = list,
                  split: Callable[[str], tuple[str, str]] = lambda key: (key, ""),
-                 flush: Callable[[], Awaitable[None]] | None = None) -> None:
+                 flush: Callable[[], Awaitable[None]] | None = None,
+                 cache: Callable[[], list[tuple[str, str, float]]] = list) -> None:
         self.stats = stats
+        self.cache = cache          # () -> the response cache's gauges (family, help, value)
         self.flush = flush          # brings in the statistics workers keep (direct path)
         self.ready = ready          # () -> sorted [(model key, version)] ready now: unloaded drop out
         self.split = split          # model key -> (name, namespace: --model-namespacing's, or "")
@@ -113,8 +127,11 @@ class Metrics:
         labels = {key: _labels(*self.split(key[0]), key[1], s) for key, s in rows}
         out: list[str] = []
         out += self._model_families(rows, labels, "counter")
+        out += _cache_counters([r for r in rows if r[1].cached], labels)
         out += self.host.counters()
         out += self._model_families(rows, labels, "gauge")
+        for family, text, value in self.cache():
+            out += [f"# HELP {family} {text}", f"# TYPE {family} gauge", f"{family} {_num(value)}"]
         out += self.host.gauges()
         if rows:
             for _, s in rows:
@@ -178,6 +195,14 @@ class Metrics:
         await web.TCPSite(runner, host, port, reuse_port=True).start()
         self.host.start()
         return runner
+
+
+def _cache_counters(rows: list, labels: dict) -> list[str]:
+    out: list[str] = []
+    for family, text, value in CACHE_COUNTERS if rows else ():
+        out += [f"# HELP {family} {text}", f"# TYPE {family} counter"]
+        out += [f"{family}{{{labels[key]}}} {value(s)}" for key, s in rows]
+    return out
 
 
 def _labels(name: str, namespace: str, version: int, s: VersionStats) -> str:

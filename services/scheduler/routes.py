@@ -20,8 +20,8 @@ Owned by the Scheduler (main.py), which calls it at the moments below.
 
 A version qualifies when the scheduler has nothing to decide per request: no dynamic or
 sequence batcher, not an ensemble, not decoupled, no rate limiter, no execution timeout,
-no TRITONSERVER_DELAY_SCHEDULER; its frontends also keep requests with client shared
-memory or a trace on the scheduled path.
+no TRITONSERVER_DELAY_SCHEDULER, no response cache; its frontends also keep requests with
+client shared memory or a trace on the scheduled path.
 
 An ensemble whose steps can only run one after another, with no max_inflight_requests,
 is published as a chain (ModelInfo.chain): a frontend runs it over its steps' routes
@@ -47,12 +47,14 @@ log = logging.getLogger("trireme.scheduler")
 FLUSH_WAIT_S = 2.0     # at most this long for a busy worker's statistics
 
 
-def qualifies(config: Any, *, limiter: Any, execution_limit_s: float, delay_count: int) -> bool:
-    """Whether requests to a version with this (completed) config may go direct."""
+def qualifies(config: Any, *, limiter: Any, execution_limit_s: float, delay_count: int,
+              cached: bool = False) -> bool:
+    """Whether requests to a version with this (completed) config may go direct (not when
+    they are looked up in the response cache: the scheduler does that)."""
     return not (config.HasField("dynamic_batching") or config.HasField("sequence_batching")
                 or config.HasField("ensemble_scheduling")
                 or config.model_transaction_policy.decoupled
-                or limiter is not None or execution_limit_s > 0 or delay_count > 0)
+                or limiter is not None or execution_limit_s > 0 or delay_count > 0 or cached)
 
 
 def chain(config: Any) -> list[m.ChainStep]:

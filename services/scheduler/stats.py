@@ -25,9 +25,10 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 class VersionStats:
-    __slots__ = ("batcher", "batches", "compute_infer", "compute_input", "compute_output",
-                 "direct_pending", "execution_count", "fail", "failures", "inference_count",
-                 "last_inference_ms", "latency", "queue", "success", "tags")
+    __slots__ = ("batcher", "batches", "cache_hits", "cache_misses", "cached", "compute_infer",
+                 "compute_input", "compute_output", "direct_pending", "execution_count", "fail",
+                 "failures", "inference_count", "last_inference_ms", "latency", "queue", "success",
+                 "tags")
 
     def __init__(self, latency: LatencyRecorder | None = None,
                  tags: tuple[tuple[str, str], ...] = ()) -> None:
@@ -41,6 +42,9 @@ class VersionStats:
         self.compute_input = [0, 0]
         self.compute_infer = [0, 0]
         self.compute_output = [0, 0]
+        self.cache_hits = [0, 0]
+        self.cache_misses = [0, 0]
+        self.cached = False                         # its requests are looked up (response cache)
         self.batches: dict[int, list[int]] = {}     # batch size -> [executions, in_ns, infer_ns, out_ns]
         self.failures: dict[str, int] = {}          # Prometheus failure reason -> requests
         self.batcher = None                         # the version's Batcher (VersionQueue sets it)
@@ -121,6 +125,24 @@ class VersionStats:
         if self.latency is not None:
             self.latency.answered(time.monotonic_ns(), duration_ns, True)
 
+    def cache_hit(self, queue_ns: int, lookup_ns: int) -> None:
+        """A request answered from the response cache, as Triton counts it: a success (and
+        a queue record, up to the lookup), no inference or execution."""
+        self.last_inference_ms = time.time_ns() // 1_000_000
+        self.success[0] += 1
+        self.success[1] += queue_ns + lookup_ns
+        self.queue[0] += 1
+        self.queue[1] += queue_ns
+        self.cache_hits[0] += 1
+        self.cache_hits[1] += lookup_ns
+        if self.latency is not None:
+            self.latency.answered(time.monotonic_ns(), queue_ns + lookup_ns, True)
+
+    def cache_miss(self, ns: int) -> None:
+        """A miss's answer was inserted (or refused): ``ns`` is its lookup and insertion."""
+        self.cache_misses[0] += 1
+        self.cache_misses[1] += ns
+
     def failed(self, duration_ns: int, reason: str) -> None:
         """A request that got an error outside a model execution (rejected at the queue,
         worker lost, version unloaded), or one of a failed batch."""
@@ -135,7 +157,8 @@ class VersionStats:
         return m.ModelStat(
             name, str(version), self.last_inference_ms, self.inference_count, self.execution_count,
             d(*self.success), d(*self.fail), d(*self.queue), d(*self.compute_input),
-            d(*self.compute_infer), d(*self.compute_output), d(), d(),
+            d(*self.compute_infer), d(*self.compute_output), d(*self.cache_hits),
+            d(*self.cache_misses),
             [m.BatchStat(bs, d(b[0], b[1]), d(b[0], b[2]), d(b[0], b[3]))
              for bs, b in sorted(self.batches.items())])
 

@@ -52,20 +52,9 @@ from direct_checks import (
 from tritonclient.utils import InferenceServerException
 from unix_sockets import direct_sockets
 
-from tests.models_python import ADD_SUB, io_config, python_model
+from tests.models_python import ADD_SUB, SCALE, io_config, python_model
 
 RESTART_DEADLINE_S = 30.0
-
-SCALE = '''
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor(
-            "OUT", 2 * pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
-            for r in requests]
-'''
 
 PASSER = SCALE.replace("2 * ", "")
 

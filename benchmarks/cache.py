@@ -1,0 +1,119 @@
+#!/usr/bin/env python
+"""The response cache: a hit against a miss and against the same model uncached, side by
+side in one run.
+
+    python benchmarks/cache.py [--duration S] [--repeats 3]
+
+One temp repository: Triton's add_sub (`add_sub`, FP32 [16], one KIND_CPU instance) and the
+same model with `response_cache { enable: true }` (`add_sub_cached`), served by one
+`trireme serve --cache-config local,size=64MiB`. Each row runs `--repeats` times,
+alternating, and reports the median:
+
+  c1 gRPC p50 (tritonclient.grpc, sequential): the uncached model; the cached model with
+      new inputs on every request (each a miss: lookup, execution, insertion); the cached
+      model with one input (each a hit after the first)
+  c16 gRPC throughput (h2load -c16 -m1, one pre-encoded request): the uncached model; the
+      cached model (hits)
+
+The peer column is empty on purpose: the Triton 2.51 build on these machines has no cache
+library ("unable to find 'libtritoncache_local.so' for cache"), so it cannot serve a cache.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_server import Server, log, machine_info, wait_quiet
+from vs_triton_models import WIDTH, _python_config, _write
+from vs_triton_runs import h2load_run
+
+from tests.models_python import ADD_SUB
+
+CACHE_BYTES = 64 << 20
+
+
+def build(root: Path) -> Path:
+    repo = root / "models"
+    w = str(WIDTH)
+    for name, extra in (("add_sub", ""), ("add_sub_cached", "response_cache { enable: true }\n")):
+        _write(repo, name, _python_config(name, 0, {"INPUT0": w, "INPUT1": w},
+                                          {"OUTPUT0": w, "OUTPUT1": w}, extra), ADD_SUB)
+    return repo
+
+
+def c1(srv: Server, model: str, seconds: float, vary: bool) -> float:
+    """p50 ms of sequential requests; ``vary``: new inputs every request."""
+    import tritonclient.grpc as tc
+    c = tc.InferenceServerClient(srv.grpc)
+    try:
+        a = np.random.default_rng(1).random(WIDTH, dtype=np.float32)
+        b = np.ones(WIDTH, np.float32)
+        ins = [tc.InferInput("INPUT0", [WIDTH], "FP32"), tc.InferInput("INPUT1", [WIDTH], "FP32")]
+        ins[1].set_data_from_numpy(b)
+        lat: list[int] = []
+        i = 0
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            i += 1
+            ins[0].set_data_from_numpy(a + i if vary else a)
+            t = time.perf_counter_ns()
+            r = c.infer(model, ins)
+            lat.append(time.perf_counter_ns() - t)
+            if i == 1:
+                np.testing.assert_allclose(r.as_numpy("OUTPUT0"), (a + i if vary else a) + b)
+    finally:
+        c.close()
+    return statistics.median(lat[len(lat) // 10:]) / 1e6
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--duration", type=float, default=5.0)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="trireme-cache-"))
+    repo = build(tmp)
+    srv = Server(repo, 1, tmp / "server.log", extra=["--cache-config", f"local,size={CACHE_BYTES}"])
+    srv.start()
+    a = np.random.default_rng(1).random(WIDTH, dtype=np.float32)
+    x = {"INPUT0": a, "INPUT1": np.ones(WIDTH, np.float32)}
+    runs: dict[str, list[float]] = {}
+    try:
+        wait_quiet(60)
+        for _ in range(args.repeats):
+            for label, fn in (
+                    ("c1 p50 ms, uncached", lambda: c1(srv, "add_sub", args.duration, False)),
+                    ("c1 p50 ms, cached model, every request a miss",
+                     lambda: c1(srv, "add_sub_cached", args.duration, True)),
+                    ("c1 p50 ms, cached model, hits",
+                     lambda: c1(srv, "add_sub_cached", args.duration, False)),
+                    ("c16 req/s, uncached", lambda: h2load_run(
+                        srv, "add_sub", x, a + 1, tmp, int(args.duration), 16).value),
+                    ("c16 req/s, cached model, hits", lambda: h2load_run(
+                        srv, "add_sub_cached", x, a + 1, tmp, int(args.duration), 16).value)):
+                runs.setdefault(label, []).append(fn())
+                log(f"{label}: {runs[label][-1]:.3f}")
+    finally:
+        srv.stop()
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    print("\n" + "\n".join(f"- {k}: {v}" for k, v in machine_info(1).items()) + "\n")
+    print("| measure | Trireme (median) | runs | Triton 2.51 |")
+    print("|---|---:|---|---|")
+    for k, v in med.items():
+        print(f"| {k} | {v:,.3f} | {', '.join(f'{r:,.3f}' for r in runs[k])} | no cache library |")
+    hit, miss = med["c1 p50 ms, cached model, hits"], med["c1 p50 ms, cached model, every request a miss"]
+    print(f"\nhit / miss latency: {hit / miss:.2f}; hit / uncached: "
+          f"{hit / med['c1 p50 ms, uncached']:.2f}; c16 hits / uncached throughput: "
+          f"{med['c16 req/s, cached model, hits'] / med['c16 req/s, uncached']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,233 @@
+"""The response cache, Triton's (protocol.md "Response cache"): a model whose config says
+`response_cache { enable: true }` on a server started with a cache (--cache-config
+local,size=N, or the deprecated --response-cache-byte-size N) answers a request it has
+answered before from the cache, without a worker. Owned by the Scheduler (main.py), so
+every frontend of a server sees the same entries.
+
+    frontend: the request's key (its model, version, every input's name, datatype, shape
+        and bytes, the outputs asked for: dataplane/cache_key.py) ─▶ InferRequest.cache_key
+    scheduler: lookup before the request is queued ─▶ hit: the answer, from here
+        (InferResult.cached), counted as a success without an execution
+                                                  ─▶ miss: queued as any request
+    frontend: the miss's final answer ─▶ CacheInsert (its outputs, or ok=False on an
+        error: only successes are kept) ─▶ inserted here; the miss is counted then, its
+        time the lookup's plus the insertion's, as Triton counts it
+
+Triton's key leaves datatype, shape and the requested outputs out, and then answers a
+request with another request's outputs (its issue #4362); this one does not
+(docs/compat.md). The local cache is one byte budget for every model, least recently used
+entries evicted first; an entry larger than the whole cache is not kept (Triton's text,
+logged). Requests that read or write client shared memory are not looked up.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from services.common import messages as m
+
+log = logging.getLogger("trireme.cache")
+
+_MISSES_KEPT = 65536   # misses waiting for their CacheInsert (a frontend that died sends none)
+_ENTRY_OVERHEAD = 64   # bytes an entry costs beyond its outputs' (names, shapes, bookkeeping)
+
+
+class CacheConfigError(Exception):
+    """A cache flag Triton refuses: the text, and whether Triton prints its usage first."""
+
+    def __init__(self, text: str, usage: bool = False) -> None:
+        super().__init__(text)
+        self.usage = usage
+
+
+def parse_cache_flags(cache_config: list[str], byte_size: int | None
+                      ) -> tuple[str, dict[str, str]] | None:
+    """(cache name, its settings) from --cache-config (repeatable: one setting each) and the
+    deprecated --response-cache-byte-size; None: no cache. Raises CacheConfigError with
+    Triton's texts."""
+    if byte_size is not None:
+        log.warning("'--response-cache-byte-size' has been deprecated! This will default to "
+                    "the 'local' cache implementation with the provided byte size for its "
+                    "config. Please use '--cache-config' instead. The equivalent "
+                    "--cache-config CLI args would be: '--cache-config=local,size=%d'", byte_size)
+        if cache_config:
+            raise CacheConfigError("Error: Incompatible flags --response-cache-byte-size and "
+                                   "--cache-config both provided. Please provide one or the other.",
+                                   usage=True)
+        return "local", {"size": str(byte_size)}
+    caches: dict[str, dict[str, str]] = {}
+    for arg in cache_config:
+        name, comma, setting = arg.partition(",")
+        if not comma:
+            raise CacheConfigError("No cache specified. --cache-config option format is "
+                                   f"<cache name>,<setting>=<value>. Got {arg}", usage=True)
+        key, eq, value = setting.partition("=")
+        if not eq:
+            raise CacheConfigError("--cache-config option format is "
+                                   f"'<cache name>,<setting>=<value>'. Got {arg}", usage=True)
+        caches.setdefault(name, {})[key] = value
+    if len(caches) > 1:
+        raise CacheConfigError("error: creating server: Invalid argument - found multiple cache "
+                               "configurations, but only a single cache is currently supported")
+    return next(iter(caches.items()), None)
+
+
+def make_cache(config: tuple[str, dict[str, str]] | None) -> LocalCache | None:
+    """The server's cache from parse_cache_flags' answer; raises CacheConfigError."""
+    if config is None:
+        return None
+    name, settings = config
+    if name != "local":
+        raise CacheConfigError(f"error: creating server: Invalid argument - unable to find the "
+                               f"'{name}' cache: this server has the 'local' cache")
+    return LocalCache.from_settings(settings)
+
+
+@dataclass
+class Entry:
+    outputs: list[m.TensorRef]      # name, datatype, shape, nbytes; frame i is output i's
+    frames: list[bytes]
+    nbytes: int
+
+
+class LocalCache:
+    """Triton's local cache: one budget of ``size`` bytes, LRU (a lookup or an insert makes
+    an entry the most recent)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.used = 0
+        self.entries: collections.OrderedDict[bytes, Entry] = collections.OrderedDict()
+        self.lookups = self.hits = self.misses = self.evictions = 0
+        self.lookup_ns = self.insertion_ns = 0
+
+    @classmethod
+    def from_settings(cls, settings: dict[str, str]) -> LocalCache:
+        if "size" not in settings:
+            raise CacheConfigError("error: creating server: Invalid argument - Failed to "
+                                   "initialize LocalCache: config didn't contain a valid 'size' "
+                                   "field.")
+        try:
+            size = int(settings["size"])
+            if size < 0:
+                raise ValueError
+        except ValueError:
+            raise CacheConfigError("error: creating server: Internal - Failed to initialize "
+                                   "LocalCache: stoull") from None
+        return cls(size)
+
+    def lookup(self, key: bytes) -> Entry | None:
+        t0 = time.perf_counter_ns()
+        self.lookups += 1
+        entry = self.entries.get(key)
+        if entry is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+            self.entries.move_to_end(key)
+        self.lookup_ns += time.perf_counter_ns() - t0
+        return entry
+
+    def insert(self, key: bytes, entry: Entry) -> str | None:
+        """Keep ``entry``, evicting the least recently used until it fits; the error text
+        when it cannot be kept."""
+        t0 = time.perf_counter_ns()
+        try:
+            if key in self.entries:
+                self.entries.move_to_end(key)
+                return f"key '{key.hex()}' already exists"
+            if entry.nbytes > self.size:
+                return (f"Requested byte_size: {entry.nbytes} is greater than total cache "
+                        f"size: {self.size}")
+            while self.used + entry.nbytes > self.size:
+                _, old = self.entries.popitem(last=False)
+                self.used -= old.nbytes
+                self.evictions += 1
+            self.entries[key] = entry
+            self.used += entry.nbytes
+            return None
+        finally:
+            self.insertion_ns += time.perf_counter_ns() - t0
+
+    def gauges(self) -> list[tuple[str, str, float]]:
+        """(family, help, value) of Triton's cache gauges, in its order."""
+        return [
+            ("nv_cache_num_entries", "Number of responses stored in response cache",
+             len(self.entries)),
+            ("nv_cache_num_lookups", "Number of cache lookups in response cache", self.lookups),
+            ("nv_cache_num_hits", "Number of cache hits in response cache", self.hits),
+            ("nv_cache_num_misses", "Number of cache misses in response cache", self.misses),
+            ("nv_cache_num_evictions", "Number of cache evictions in response cache",
+             self.evictions),
+            ("nv_cache_lookup_duration",
+             "Total cache lookup duration (hit and miss), in microseconds", self.lookup_ns // 1000),
+            ("nv_cache_insertion_duration", "Total cache insertion duration, in microseconds",
+             self.insertion_ns // 1000),
+            ("nv_cache_util", "Cache utilization [0.0 - 1.0]",
+             self.used / self.size if self.size else 0.0),
+        ]
+
+
+class ResponseCache:
+    def __init__(self, cache: LocalCache | None,
+                 send_frontend: Callable[[bytes, Any, list[Any]], None]) -> None:
+        self.cache = cache
+        self._send_frontend = send_frontend
+        # (frontend, req_id) -> (the version's stats, lookup ns): misses whose answer is due
+        self._misses: collections.OrderedDict[tuple[bytes, int], tuple[Any, int]] = \
+            collections.OrderedDict()
+        self._warned: set[str] = set()
+
+    def enabled(self, model: str, config: Any) -> bool:
+        """Whether requests to a model with this config are looked up (Triton serves one
+        that enables the cache on a server without one uncached; said once per model)."""
+        if not config.response_cache.enable:
+            return False
+        if self.cache is None and model not in self._warned:
+            self._warned.add(model)
+            log.info("model '%s' enables the response cache, but the server has none "
+                     "(--cache-config): its responses are not cached", model)
+        return self.cache is not None
+
+    def lookup(self, identity: bytes, req: m.InferRequest, stats: Any, arrival_ns: int) -> bool:
+        """Answer ``req`` (read at ``arrival_ns``) from the cache if it can; True: answered."""
+        assert self.cache is not None   # (a key is sent only for a model enabled() said yes to)
+        t0 = time.monotonic_ns()
+        entry = self.cache.lookup(req.cache_key)
+        took = time.monotonic_ns() - t0
+        if entry is None:
+            self._misses[(identity, req.req_id)] = (stats, took)
+            if len(self._misses) > _MISSES_KEPT:
+                self._misses.popitem(last=False)
+            return False
+        stats.cache_hit(t0 - arrival_ns, took)
+        self._send_frontend(identity, m.InferResult(req.req_id, req.version, list(entry.outputs),
+                                                    cached=True), entry.frames)
+        return True
+
+    def on_insert(self, identity: bytes, msg: m.CacheInsert, frames: list[Any]) -> None:
+        """A miss's answer: its outputs kept (a success) and the miss counted."""
+        waiting = self._misses.pop((identity, msg.req_id), None)
+        if waiting is None or self.cache is None:
+            return
+        stats, lookup_ns = waiting
+        if not msg.ok:
+            return
+        data = [bytes(frames[o.frame]) for o in msg.outputs]
+        outputs = [m.TensorRef(o.name, o.datatype, o.shape, o.nbytes, frame=i)
+                   for i, o in enumerate(msg.outputs)]
+        nbytes = sum(len(d) for d in data) + _ENTRY_OVERHEAD * (len(outputs) + 1)
+        t0 = time.monotonic_ns()
+        error = self.cache.insert(msg.key, Entry(outputs, data, nbytes))
+        took = time.monotonic_ns() - t0
+        if error is not None:
+            log.warning("Failed to insert key [%s] into response cache: %s", msg.key.hex(), error)
+        stats.cache_miss(lookup_ns + took)
+
+    def frontend_lost(self, identity: bytes) -> None:
+        for key in [k for k in self._misses if k[0] == identity]:
+            del self._misses[key]
