@@ -4,14 +4,15 @@ side in one run.
 
     python benchmarks/cache.py [--duration S] [--repeats 3]
 
-One temp repository: Triton's add_sub (`add_sub`, FP32 [16], one KIND_CPU instance) and the
-same model with `response_cache { enable: true }` (`add_sub_cached`), served by one
-`trireme serve --cache-config local,size=64MiB`. Each row runs `--repeats` times,
-alternating, and reports the median:
+One temp repository: Triton's add_sub (`add_sub`, FP32 [16], one KIND_CPU instance), the
+same model with `response_cache { enable: true }` (`add_sub_cached`), and add_sub that
+computes for 2 ms first (`slow_cached`, time.sleep: a model whose execution is worth
+caching), served by one `trireme serve --cache-config local,size=64MiB`. Each row runs
+`--repeats` times, alternating, and reports the median:
 
   c1 gRPC p50 (tritonclient.grpc, sequential): the uncached model; the cached model with
       new inputs on every request (each a miss: lookup, execution, insertion); the cached
-      model with one input (each a hit after the first)
+      model with one input (each a hit after the first); the same two for slow_cached
   c16 gRPC throughput (h2load -c16 -m1, one pre-encoded request): the uncached model; the
       cached model (hits)
 
@@ -21,6 +22,7 @@ library ("unable to find 'libtritoncache_local.so' for cache"), so it cannot ser
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import tempfile
@@ -37,14 +39,20 @@ from vs_triton_runs import h2load_run
 from tests.models_python import ADD_SUB
 
 CACHE_BYTES = 64 << 20
+_fresh = itertools.count(1)   # inputs never sent before, over every run (each a miss)
 
 
 def build(root: Path) -> Path:
     repo = root / "models"
     w = str(WIDTH)
-    for name, extra in (("add_sub", ""), ("add_sub_cached", "response_cache { enable: true }\n")):
+    cached = "response_cache { enable: true }\n"
+    slow = ADD_SUB.replace("    def execute(self, requests):",
+                           "    def execute(self, requests):\n        __import__('time').sleep(0.002)")
+    assert slow != ADD_SUB
+    for name, extra, source in (("add_sub", "", ADD_SUB), ("add_sub_cached", cached, ADD_SUB),
+                                ("slow_cached", cached, slow)):
         _write(repo, name, _python_config(name, 0, {"INPUT0": w, "INPUT1": w},
-                                          {"OUTPUT0": w, "OUTPUT1": w}, extra), ADD_SUB)
+                                          {"OUTPUT0": w, "OUTPUT1": w}, extra), source)
     return repo
 
 
@@ -61,12 +69,12 @@ def c1(srv: Server, model: str, seconds: float, vary: bool) -> float:
         i = 0
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
-            i += 1
+            i = next(_fresh) if vary else i + 1
             ins[0].set_data_from_numpy(a + i if vary else a)
             t = time.perf_counter_ns()
             r = c.infer(model, ins)
             lat.append(time.perf_counter_ns() - t)
-            if i == 1:
+            if len(lat) == 1:
                 np.testing.assert_allclose(r.as_numpy("OUTPUT0"), (a + i if vary else a) + b)
     finally:
         c.close()
@@ -94,6 +102,9 @@ def main() -> int:
                      lambda: c1(srv, "add_sub_cached", args.duration, True)),
                     ("c1 p50 ms, cached model, hits",
                      lambda: c1(srv, "add_sub_cached", args.duration, False)),
+                    ("c1 p50 ms, 2 ms model, every request a miss",
+                     lambda: c1(srv, "slow_cached", args.duration, True)),
+                    ("c1 p50 ms, 2 ms model, hits", lambda: c1(srv, "slow_cached", args.duration, False)),
                     ("c16 req/s, uncached", lambda: h2load_run(
                         srv, "add_sub", x, a + 1, tmp, int(args.duration), 16).value),
                     ("c16 req/s, cached model, hits", lambda: h2load_run(
@@ -109,7 +120,10 @@ def main() -> int:
     for k, v in med.items():
         print(f"| {k} | {v:,.3f} | {', '.join(f'{r:,.3f}' for r in runs[k])} | no cache library |")
     hit, miss = med["c1 p50 ms, cached model, hits"], med["c1 p50 ms, cached model, every request a miss"]
-    print(f"\nhit / miss latency: {hit / miss:.2f}; hit / uncached: "
+    slow_hit = med["c1 p50 ms, 2 ms model, hits"]
+    slow_miss = med["c1 p50 ms, 2 ms model, every request a miss"]
+    print(f"\nhit / miss latency: {hit / miss:.2f} (2 ms model: {slow_hit / slow_miss:.2f}); "
+          f"hit / uncached: "
           f"{hit / med['c1 p50 ms, uncached']:.2f}; c16 hits / uncached throughput: "
           f"{med['c16 req/s, cached model, hits'] / med['c16 req/s, uncached']:.2f}")
     return 0

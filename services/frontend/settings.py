@@ -13,7 +13,8 @@ from services.frontend.tls import TlsConfig
 DEFAULT_HTTP_MAX_INPUT_SIZE = 64 * 1024 * 1024
 
 # Triton's extension list, in Triton's order, restricted to what is implemented.
-EXTENSIONS = ["classification", "sequence", "model_repository", "schedule_policy",
+EXTENSIONS = ["classification", "sequence", "model_repository",
+              "model_repository(unload_dependents)", "schedule_policy",
               "model_configuration", "system_shared_memory", "cuda_shared_memory",
               "binary_tensor_data", "parameters", "statistics", "trace", "logging"]
 

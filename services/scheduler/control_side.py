@@ -160,7 +160,7 @@ class ControlPlane:
                     raise explicit_load_failed(msg.model, e) from None
                 self._loaded_models.loaded(msg.model, msg.config_json, msg.files)
             else:
-                await self._models.unload(msg.model)
+                await self._models.unload(msg.model, msg.unload_dependents)
                 self._loaded_models.unloaded(msg.model)
         except TriremeError as e:
             err = m.ErrorRecord(int(e.code), e.message)

@@ -101,6 +101,7 @@ class ModelManager:
         self._locks: dict[str, asyncio.Lock] = {}
         self._starting: list[ModelEntry] = []    # loads in progress: not in self.models yet
         self._ensembles_loading: set[str] = set()      # (an ensemble must not contain itself)
+        self._explicit: set[str] = set()   # keys loaded by name, not only as an ensemble's step
         # The watchdog reports to the recovery, made after it: the recovery asks the
         # retirement, which unwatches with the watchdog. (call_later and clock: the queues'
         # own, so the sweep compares like with like)
@@ -169,6 +170,7 @@ class ModelManager:
         keys = [name]
         if self.namespacing and name not in self.models:
             keys = sorted(k for k, s in self.scan().items() if s.name == name) or keys
+        self._explicit.update(keys)
         first: TriremeError | None = None
         for key in keys:
             async with self._locks.setdefault(key, asyncio.Lock()):
@@ -360,13 +362,28 @@ class ModelManager:
                 self.watchdog.watch(vs.queue, limit_s)
         return completed
 
-    async def unload(self, name: str) -> None:
-        """Unload a model by key or by name (with namespacing: every model of that name)."""
+    async def unload(self, name: str, dependents: bool = False) -> None:
+        """Unload a model by key or by name (with namespacing: every model of that name).
+        ``dependents`` (Triton's unload_dependents): an ensemble's composing models go too,
+        each one no other loaded ensemble uses and nobody loaded by name, down its own
+        steps in turn."""
         keys = [name]
         if self.namespacing and name not in self.models:
             keys = self.names.keys_of(name)
-        for key in keys:
+        while keys:
+            key = keys.pop(0)
+            self._explicit.discard(key)
+            e = self.models.get(key)
+            composing = list(e.composing) if e is not None and e.versions else []
             await self._unload(key)
+            if dependents:
+                keys += [k for k in composing if k not in keys and self._unused(k)]
+
+    def _unused(self, key: str) -> bool:
+        """Whether ``key`` was loaded only for ensembles, none of which is loaded now."""
+        return key not in self._explicit and not any(
+            key in e.composing for e in self.models.values() if e.versions and e.config is not None
+            and any(v.state != UNAVAILABLE for v in e.versions.values()))
 
     async def _unload(self, key: str) -> None:
         lock = self._locks.setdefault(key, asyncio.Lock())

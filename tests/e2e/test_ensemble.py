@@ -223,6 +223,36 @@ def test_explicit_mode_loads_the_composing_models(tmp_path):
         assert states["missing_step"] == "UNAVAILABLE"
 
 
+def test_unload_dependents_unloads_the_steps_loaded_for_the_ensemble(tmp_path):
+    """Triton's cascading unload: an ensemble's composing models go with it unless another
+    loaded ensemble uses them or they were loaded by name; nested ensembles cascade."""
+    root = repository(tmp_path / "models")
+    with start_server(root, "--model-control-mode", "explicit") as srv:
+        h = httpclient.InferenceServerClient(srv.http_url)
+        g = grpcclient.InferenceServerClient(srv.grpc_url)
+
+        def ready() -> set[str]:
+            return {x["name"] for x in h.get_model_repository_index() if x.get("state") == "READY"}
+
+        h.load_model("nested")   # chain (onnx_add_sub, onnx_scale) and onnx_scale
+        h.load_model("big")      # py_identity and onnx_scale
+        assert ready() == {"nested", "chain", "onnx_add_sub", "onnx_scale", "big", "py_identity"}
+        h.unload_model("nested", unload_dependents=True)
+        assert ready() == {"onnx_scale", "big", "py_identity"}   # onnx_scale: big uses it
+        g.unload_model("big", unload_dependents=True)
+        assert ready() == set()
+
+        h.load_model("onnx_add_sub")   # by name: it stays
+        h.load_model("chain")
+        h.unload_model("chain", unload_dependents=True)
+        assert ready() == {"onnx_add_sub"}
+        h.load_model("big")
+        g.unload_model("big")          # no cascade asked for: its steps stay
+        assert ready() == {"onnx_add_sub", "py_identity", "onnx_scale"}
+        h.close()
+        g.close()
+
+
 def test_a_decoupled_step_streams_through_the_ensemble(server):
     """repeat answers once per element of VALUES; each answer runs py_double on its own
     and comes back as one response of the (now decoupled) ensemble, then the final flag."""

@@ -80,10 +80,10 @@ def test_health_and_readiness(client, server):
 def test_server_and_model_metadata(client):
     md = client.get_server_metadata()
     assert md["name"] and md["version"]
-    # exactly what is implemented, in Triton's order (model_repository(unload_dependents)
-    # is not: unloading does not cascade to an ensemble's composing models)
+    # exactly what is implemented, in Triton's order
     assert md["extensions"] == [
-        "classification", "sequence", "model_repository", "schedule_policy",
+        "classification", "sequence", "model_repository", "model_repository(unload_dependents)",
+        "schedule_policy",
         "model_configuration", "system_shared_memory", "cuda_shared_memory",
         "binary_tensor_data", "parameters", "statistics", "trace", "logging"]
     md = client.get_model_metadata("add_sub")
