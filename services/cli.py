@@ -52,6 +52,9 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-config-name", default=None)
     p.add_argument("--disable-auto-complete-config", action="store_true")
     p.add_argument("--strict-readiness", type=parse_bool, default=True)
+    p.add_argument("--exit-on-error", type=parse_bool, default=True,
+                   help="a model that fails to load at start-up stops the server (exit code 1); "
+                        "false: the others serve, the failed one is UNAVAILABLE with its reason")
     p.add_argument("--metrics-port", type=int, default=8002)
     p.add_argument("--allow-metrics", type=parse_bool, default=True)
     p.add_argument("--allow-cpu-metrics", type=parse_bool, default=True,
@@ -185,10 +188,15 @@ def _scheduler_settings(args: argparse.Namespace, frontend_addr: str, worker_add
         + ["--inline-threshold", str(args.inline_threshold)])
 
 
+LOAD_FAILED_TEXT = "error: creating server: Internal - failed to load all models"
+
+
 async def _run_scheduler(settings, frontend_cmds: list[list[str]], exit_timeout: float,
-                         in_process: Any = None) -> int:
+                         in_process: Any = None, exit_on_error: bool = False) -> int:
     """The scheduler, its frontend processes (``frontend_cmds``) or the one frontend that runs
-    on its event loop (``in_process``: its FrontendSettings)."""
+    on its event loop (``in_process``: its FrontendSettings). ``exit_on_error``
+    (--exit-on-error): a model that fails to load at start-up stops the server, exit code 1
+    with Triton's text, once the others are stopped."""
     from services.common.supervisor import ProcessHandle
     from services.scheduler.main import Scheduler
 
@@ -222,7 +230,14 @@ async def _run_scheduler(settings, frontend_cmds: list[list[str]], exit_timeout:
         # a failed process would be restarted: there is nothing here to restart.
         embedded.add_done_callback(lambda t: stop.set())
     load = loop.create_task(sched.load_initial())
+
+    def loaded(task: asyncio.Task) -> None:
+        if exit_on_error and not task.cancelled() and task.exception() is None and task.result():
+            stop.set()
+    load.add_done_callback(loaded)
     await stop.wait()
+    load_failed = (exit_on_error and load.done() and not load.cancelled()
+                   and load.exception() is None and bool(load.result()))
     log.info("shutting down")
     load.cancel()
     # --exit-timeout-secs bounds the whole shutdown. The frontends stop taking requests and
@@ -239,6 +254,9 @@ async def _run_scheduler(settings, frontend_cmds: list[list[str]], exit_timeout:
     if embedded is not None and embedded.done() and not embedded.cancelled() \
             and embedded.exception() is not None:
         log.error("the frontend failed: %s", embedded.exception())
+        return 1
+    if load_failed:
+        print(LOAD_FAILED_TEXT, file=sys.stderr, flush=True)
         return 1
     return 0
 
@@ -295,12 +313,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.in_process_frontend:
             embedded = checked_settings(args, settings.frontend_addr,
                                         f"{scheme}://{run_dir}/results-0.sock")
-            return _asyncio_run(_run_scheduler(settings, [], args.exit_timeout_secs, embedded))
+            return _asyncio_run(_run_scheduler(settings, [], args.exit_timeout_secs, embedded,
+                                               args.exit_on_error))
         forwarded = frontend_argv(args)   # every flag add_frontend_args defines, as parsed
         cmds = [["--scheduler", settings.frontend_addr,
                  "--result-addr", f"{scheme}://{run_dir}/results-{i}.sock", *forwarded]
                 for i in range(args.frontends)]
-        return _asyncio_run(_run_scheduler(settings, cmds, args.exit_timeout_secs))
+        return _asyncio_run(_run_scheduler(settings, cmds, args.exit_timeout_secs,
+                                           exit_on_error=args.exit_on_error))
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 
@@ -309,7 +329,8 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     set_title("trireme scheduler")
     _warn_open_repository_api(args, frontends_here=False)
     settings = _scheduler_settings(args, args.frontend_addr, args.worker_addr, args.host)
-    return _asyncio_run(_run_scheduler(settings, [], args.exit_timeout_secs))
+    return _asyncio_run(_run_scheduler(settings, [], args.exit_timeout_secs,
+                                       exit_on_error=args.exit_on_error))
 
 
 def _asyncio_run(coro) -> int:

@@ -218,7 +218,8 @@ class Scheduler:
         if self.settings.allow_metrics:
             self.metrics_runner = await self.metrics.serve(self.settings.host, self.settings.metrics_port)
 
-    async def load_initial(self) -> None:
+    async def load_initial(self) -> list[str]:
+        """Load what the repository and the flags name; returns the models that failed."""
         if not self.hosts.any_host():
             log.info("waiting for a worker host (trireme workers --scheduler %s)",
                      self.settings.worker_addr)
@@ -236,13 +237,16 @@ class Scheduler:
         names = sorted(loads)
         results = await asyncio.gather(*(self.models.load(n, *loads[n]) for n in names),
                                        return_exceptions=True)
+        failed = []
         for n, r in zip(names, results):
             if isinstance(r, BaseException):
                 log.error("model '%s' failed to load: %s", n, r)
+                failed.append(n)
         self.ready = True
         self._changed([])
         if self.settings.control_mode == "poll":
             self._poller = asyncio.get_running_loop().create_task(self._poll_forever())
+        return failed
 
     async def _poll_forever(self) -> None:
         while not self._stopping:

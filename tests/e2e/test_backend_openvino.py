@@ -75,7 +75,8 @@ def repo(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def server(repo):
     # Broken models keep strict readiness false: wait for live, then for every model.
-    with start_server(repo, ready=False, env={"TRITONSERVER_DELAY_SCHEDULER": "4"}) as srv:
+    with start_server(repo, "--exit-on-error", "false", ready=False,
+                      env={"TRITONSERVER_DELAY_SCHEDULER": "4"}) as srv:
         wait_models(srv, GOOD, BROKEN, "models to load", 60)
         yield srv
 

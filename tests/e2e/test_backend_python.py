@@ -23,7 +23,7 @@ from tests.models_python import python_repository
 def server(tmp_path_factory):
     root = python_repository(tmp_path_factory.mktemp("python") / "models")
     # two models fail to load on purpose: ready means the initial load is over
-    with start_server(root, "--strict-readiness", "false") as srv:
+    with start_server(root, "--strict-readiness", "false", "--exit-on-error", "false") as srv:
         yield srv
 
 

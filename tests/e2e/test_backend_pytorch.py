@@ -71,7 +71,8 @@ def repo(tmp_path_factory):
 def server(repo):
     # Strict readiness: the corrupt model keeps /v2/health/ready false, so wait for live
     # and then for every model to settle.
-    with start_server(repo, ready=False, env={"TRITONSERVER_DELAY_SCHEDULER": "4"}) as srv:
+    with start_server(repo, "--exit-on-error", "false", ready=False,
+                      env={"TRITONSERVER_DELAY_SCHEDULER": "4"}) as srv:
         wait_models(srv, GOOD, ["corrupt"], "the pytorch models to load or fail", 60)
         yield srv
 

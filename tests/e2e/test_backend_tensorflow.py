@@ -86,7 +86,8 @@ def repo(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(repo):
     # Strict readiness: two models fail, so wait for live, then for every model to settle.
-    with start_server(repo[0], ready=False, env={"TRITONSERVER_DELAY_SCHEDULER": "4"}) as srv:
+    with start_server(repo[0], "--exit-on-error", "false", ready=False,
+                      env={"TRITONSERVER_DELAY_SCHEDULER": "4"}) as srv:
         wait_models(srv, GOOD, BROKEN, "TensorFlow models to load or fail")
         yield srv
 

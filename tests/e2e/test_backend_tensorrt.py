@@ -73,7 +73,7 @@ def test_plan_unavailable_with_install_hint_beside_onnx(tmp_path):
     models.add_sub(root / "add_sub")
     models.write_config(root / "add_sub", 'max_batch_size: 8\n'
                         'instance_group [{ kind: KIND_CPU, count: 1 }]\n')
-    with start_server(root, ready=False) as srv:
+    with start_server(root, "--exit-on-error", "false", ready=False) as srv:
         idx = settled(srv, ("add_sub",), ("plan", "plan_by_file"))
         for name in ("plan", "plan_by_file"):   # by platform, and by the file alone
             assert (idx[name]["state"], idx[name]["reason"]) == ("UNAVAILABLE", INSTALL_HINT)
@@ -162,7 +162,7 @@ def gpu_server(tmp_path_factory):
         f'platform: "tensorrt_plan"\nmax_batch_size: 4\ndefault_model_filename: "absent.plan"\n'
         f'cc_model_filenames {{ key: "{cc}" value: "for_this_gpu.plan" }}\n{IO}'
         'instance_group [{ kind: KIND_GPU, count: 1 }]\n'))
-    with start_server(root, ready=False) as srv:
+    with start_server(root, "--exit-on-error", "false", ready=False) as srv:
         settled(srv, ("auto", "by_cc"), ())
         yield srv
 

@@ -60,7 +60,7 @@ def server(tmp_path_factory, request):
         "bls_pipelines", [("MODE", "TYPE_INT32", "[ 1 ]"), ("A", "TYPE_FP32", "[ 4 ]")],
         [("OUT", "TYPE_FP32", "[ 4 ]")]))
     extra = ["--in-process-frontend"] if request.param == "in-process-frontend" else []
-    with start_server(root, *extra, ready=False) as srv:
+    with start_server(root, *extra, "--exit-on-error", "false", ready=False) as srv:
         client = httpclient.InferenceServerClient(srv.http_url)
         from conftest import wait_until
         wait_until(lambda: client.is_model_ready("bls_pipelines") and client.is_model_ready("chain")

@@ -124,7 +124,7 @@ def server(tmp_path_factory, request):
     (--in-process-frontend), where the frontend's messages skip the socket."""
     root = repository(tmp_path_factory.mktemp("ensemble") / "models")
     extra = ["--in-process-frontend"] if request.param == "in-process-frontend" else []
-    with start_server(root, *extra, ready=False) as srv:
+    with start_server(root, *extra, "--exit-on-error", "false", ready=False) as srv:
         client = httpclient.InferenceServerClient(srv.http_url)
         wait_until(lambda: {e["name"] for e in client.get_model_repository_index()
                             if e.get("state") in ("READY", "UNAVAILABLE")} >= {

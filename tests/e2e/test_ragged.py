@@ -67,7 +67,8 @@ def server(tmp_path_factory):
         f"max_batch_size: 8\n{ONE}"
         'input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [-1] allow_ragged_batch: true }]\n'
         'output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [-1] }]\n'))
-    with start_server(root, ready=False, env={"TRITONSERVER_DELAY_SCHEDULER": "3"}) as srv:
+    with start_server(root, "--exit-on-error", "false", ready=False,
+                      env={"TRITONSERVER_DELAY_SCHEDULER": "3"}) as srv:
         wait_models(srv, GOOD, BROKEN, "ragged models to load or fail")
         yield srv
 

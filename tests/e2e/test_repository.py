@@ -101,7 +101,8 @@ def none_server(repos):
     r1, r2 = repos
     # Strict readiness: a model failed, so /v2/health/ready stays false; wait for live,
     # then for every model to have settled.
-    with start_server(r1, "--model-repository", str(r2), ready=False) as srv:
+    with start_server(r1, "--model-repository", str(r2), "--exit-on-error", "false",
+                      ready=False) as srv:
         c = httpclient.InferenceServerClient(srv.http_url)
 
         def settled():

@@ -110,7 +110,7 @@ def _torch_model(model_dir: Path) -> None:
 
 @pytest.fixture(scope="module")
 def server(repo):
-    with start_server(repo, ready=False) as srv:
+    with start_server(repo, "--exit-on-error", "false", ready=False) as srv:
         wait_models(srv, GOOD, BROKEN, "reshape models to load or fail")
         yield srv
 
