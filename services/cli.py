@@ -155,7 +155,7 @@ def _cache_config(args: argparse.Namespace) -> tuple[str, dict[str, str]] | None
     from services.scheduler.response_cache import CacheConfigError, make_cache, parse_cache_flags
     try:
         config = parse_cache_flags(args.cache_config, args.response_cache_byte_size)
-        make_cache(config)
+        make_cache(config, [r.resolve() for r in args.model_repository])
     except CacheConfigError as e:
         raise SystemExit(str(e)) from None
     return config

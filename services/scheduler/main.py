@@ -151,7 +151,8 @@ class Scheduler:
                                    self._send_frontend, lambda: self.frontends, self._changed,
                                    self.stats, self.custom_metrics, settings.unload_timeout_secs)
         # Triton's response cache, shared by every frontend (response_cache.py)
-        self.cache = ResponseCache(make_cache(settings.cache), self._send_frontend)
+        self.cache = ResponseCache(make_cache(settings.cache, settings.repositories),
+                                   self._send_frontend)
         self.limiter = (RateLimiter(settings.rate_limit_resources)
                         if settings.rate_limit == "execution_count" else None)
         # Triton's batching test hook: each batcher holds requests until this many are queued.
@@ -474,8 +475,9 @@ class Scheduler:
             return
         req.version = vs.version
         if req.cache_key and vs.queue.stats is not None and vs.queue.stats.cached and \
-                self.cache.lookup(identity, req, vs.queue.stats, arrived):
-            return   # answered from the response cache
+                self.cache.lookup(identity, req, vs.queue.stats, arrived, lambda: self._looked_up(
+                    identity, req, frames, shm_domain, entry)):
+            return   # answered from the response cache, or being looked up
         regions: tuple[str, ...] = ()
         if req.out_regions or any(t.region for t in req.inputs):
             try:
@@ -492,6 +494,17 @@ class Scheduler:
             vs.queue.enqueue(p)
         except TriremeError as e:    # the queue is full
             self._fail(p, e.code, log_request(req.request_id, e.message), "REJECTED")
+
+    def _looked_up(self, identity: bytes, req: m.InferRequest, frames: list[Any],
+                   shm_domain: str | None, entry: Any) -> None:
+        """A request the (awaited) response cache did not have: queued now."""
+        req.cache_key = b""
+        try:
+            self._infer(identity, req, frames, shm_domain, entry)
+        except Exception as e:
+            log.exception("request %d for model '%s' could not be queued", req.req_id, req.model)
+            self._fail_req(identity, req, Code.INTERNAL,
+                           f"the request could not be queued: {type(e).__name__}: {e}")
 
     def _cancel(self, identity: bytes, msg: m.Cancel) -> None:
         """Callers gone: a queued request leaves its queue and gets its one final answer,

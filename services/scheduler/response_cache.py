@@ -6,7 +6,8 @@ every frontend of a server sees the same entries.
 
     frontend: the request's key (its model, version, every input's name, datatype, shape
         and bytes, the outputs asked for: dataplane/cache_key.py) ─▶ InferRequest.cache_key
-    scheduler: lookup before the request is queued ─▶ hit: the answer, from here
+    scheduler: lookup before the request is queued (awaited for Redis:
+        response_cache_redis.py) ─▶ hit: the answer, from here
         (InferResult.cached), counted as a success without an execution
                                                   ─▶ miss: queued as any request
     frontend: the miss's final answer ─▶ CacheInsert (its outputs, or ok=False on an
@@ -21,14 +22,16 @@ logged). Requests that read or write client shared memory are not looked up.
 """
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from services.common import messages as m
+from services.scheduler.response_cache_redis import RedisCache, namespace
 
 log = logging.getLogger("trireme.cache")
 
@@ -76,14 +79,23 @@ def parse_cache_flags(cache_config: list[str], byte_size: int | None
     return next(iter(caches.items()), None)
 
 
-def make_cache(config: tuple[str, dict[str, str]] | None) -> LocalCache | None:
-    """The server's cache from parse_cache_flags' answer; raises CacheConfigError."""
+def make_cache(config: tuple[str, dict[str, str]] | None,
+               repositories: Sequence[Any] = ()) -> LocalCache | RedisCache | None:
+    """The server's cache from parse_cache_flags' answer (a Redis cache is pinged: Triton
+    does not start without it); raises CacheConfigError."""
     if config is None:
         return None
     name, settings = config
+    if name == "redis":
+        try:
+            return RedisCache.connect(settings, namespace(repositories))
+        except ValueError as e:
+            raise CacheConfigError(f"error: creating server: Invalid argument - {e}") from None
+        except RuntimeError as e:
+            raise CacheConfigError(f"error: creating server: Internal - {e}") from None
     if name != "local":
         raise CacheConfigError(f"error: creating server: Invalid argument - unable to find the "
-                               f"'{name}' cache: this server has the 'local' cache")
+                               f"'{name}' cache: this server has 'local' and 'redis'")
     return LocalCache.from_settings(settings)
 
 
@@ -97,6 +109,7 @@ class Entry:
 class LocalCache:
     """Triton's local cache: one budget of ``size`` bytes, LRU (a lookup or an insert makes
     an entry the most recent)."""
+    asynchronous = False
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -173,7 +186,7 @@ class LocalCache:
 
 
 class ResponseCache:
-    def __init__(self, cache: LocalCache | None,
+    def __init__(self, cache: LocalCache | RedisCache | None,
                  send_frontend: Callable[[bytes, Any, list[Any]], None]) -> None:
         self.cache = cache
         self._send_frontend = send_frontend
@@ -193,21 +206,46 @@ class ResponseCache:
                      "(--cache-config): its responses are not cached", model)
         return self.cache is not None
 
-    def lookup(self, identity: bytes, req: m.InferRequest, stats: Any, arrival_ns: int) -> bool:
-        """Answer ``req`` (read at ``arrival_ns``) from the cache if it can; True: answered."""
-        assert self.cache is not None   # (a key is sent only for a model enabled() said yes to)
+    def lookup(self, identity: bytes, req: m.InferRequest, stats: Any, arrival_ns: int,
+               missed: Callable[[], None]) -> bool:
+        """Answer ``req`` (read at ``arrival_ns``) from the cache if it can; True: answered,
+        or (a cache awaited, Redis) taken: ``missed()`` queues it if it is not there."""
+        cache = self.cache
+        assert cache is not None   # (a key is sent only for a model enabled() said yes to)
+        if isinstance(cache, RedisCache):
+            asyncio.get_running_loop().create_task(
+                self._lookup_redis(cache, identity, req, stats, arrival_ns, missed))
+            return True
         t0 = time.monotonic_ns()
-        entry = self.cache.lookup(req.cache_key)
+        entry = cache.lookup(req.cache_key)
         took = time.monotonic_ns() - t0
         if entry is None:
-            self._misses[(identity, req.req_id)] = (stats, took)
-            if len(self._misses) > _MISSES_KEPT:
-                self._misses.popitem(last=False)
+            self._missed(identity, req, stats, took)
             return False
-        stats.cache_hit(t0 - arrival_ns, took)
-        self._send_frontend(identity, m.InferResult(req.req_id, req.version, list(entry.outputs),
-                                                    cached=True), entry.frames)
+        self._hit(identity, req, stats, t0 - arrival_ns, took, entry.outputs, entry.frames)
         return True
+
+    async def _lookup_redis(self, cache: RedisCache, identity: bytes, req: m.InferRequest,
+                            stats: Any, arrival_ns: int, missed: Callable[[], None]) -> None:
+        t0 = time.monotonic_ns()
+        found = await cache.lookup(req.cache_key)
+        took = time.monotonic_ns() - t0
+        if found is None:
+            self._missed(identity, req, stats, took)
+            missed()
+        else:
+            self._hit(identity, req, stats, t0 - arrival_ns, took, *found)
+
+    def _missed(self, identity: bytes, req: m.InferRequest, stats: Any, lookup_ns: int) -> None:
+        self._misses[(identity, req.req_id)] = (stats, lookup_ns)
+        if len(self._misses) > _MISSES_KEPT:
+            self._misses.popitem(last=False)
+
+    def _hit(self, identity: bytes, req: m.InferRequest, stats: Any, queue_ns: int,
+             lookup_ns: int, outputs: list[m.TensorRef], frames: list[bytes]) -> None:
+        stats.cache_hit(queue_ns, lookup_ns)
+        self._send_frontend(identity, m.InferResult(req.req_id, req.version, list(outputs),
+                                                    cached=True), frames)
 
     def on_insert(self, identity: bytes, msg: m.CacheInsert, frames: list[Any]) -> None:
         """A miss's answer: its outputs kept (a success) and the miss counted."""
@@ -220,13 +258,25 @@ class ResponseCache:
         data = [bytes(frames[o.frame]) for o in msg.outputs]
         outputs = [m.TensorRef(o.name, o.datatype, o.shape, o.nbytes, frame=i)
                    for i, o in enumerate(msg.outputs)]
+        if isinstance(self.cache, RedisCache):
+            asyncio.get_running_loop().create_task(
+                self._insert_redis(self.cache, msg.key, outputs, data, stats, lookup_ns))
+            return
         nbytes = sum(len(d) for d in data) + _ENTRY_OVERHEAD * (len(outputs) + 1)
         t0 = time.monotonic_ns()
         error = self.cache.insert(msg.key, Entry(outputs, data, nbytes))
-        took = time.monotonic_ns() - t0
+        self._inserted(msg.key, error, stats, lookup_ns + time.monotonic_ns() - t0)
+
+    async def _insert_redis(self, cache: RedisCache, key: bytes, outputs: list[m.TensorRef],
+                            data: list[bytes], stats: Any, lookup_ns: int) -> None:
+        t0 = time.monotonic_ns()
+        error = await cache.insert(key, outputs, data)
+        self._inserted(key, error, stats, lookup_ns + time.monotonic_ns() - t0)
+
+    def _inserted(self, key: bytes, error: str | None, stats: Any, miss_ns: int) -> None:
         if error is not None:
-            log.warning("Failed to insert key [%s] into response cache: %s", msg.key.hex(), error)
-        stats.cache_miss(lookup_ns + took)
+            log.warning("Failed to insert key [%s] into response cache: %s", key.hex(), error)
+        stats.cache_miss(miss_ns)
 
     def frontend_lost(self, identity: bytes) -> None:
         for key in [k for k in self._misses if k[0] == identity]:
