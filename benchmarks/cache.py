@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_server import Server, log, machine_info, wait_quiet
+from bench_server import Server, free_port, log, machine_info, wait_quiet
 from vs_triton_models import WIDTH, _python_config, _write
 from vs_triton_runs import h2load_run
 
@@ -81,6 +83,38 @@ def c1(srv: Server, model: str, seconds: float, vary: bool) -> float:
     return statistics.median(lat[len(lat) // 10:]) / 1e6
 
 
+def start_redis() -> tuple[subprocess.Popen, int] | None:
+    """A redis-server of this run's own on a free port, and the port (None: not installed)."""
+    exe = shutil.which("redis-server")
+    if exe is None:
+        return None
+    port = free_port()
+    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True,
+                         text=True).stdout.strip() != "PONG":
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("redis-server did not answer")
+        time.sleep(0.05)
+    return proc, port
+
+
+def rows(srv: Server, x: dict, want: np.ndarray, tmp: Path, seconds: float) -> dict:
+    """label -> a measurement of ``srv``."""
+    return {
+        "c1 p50 ms, uncached": lambda: c1(srv, "add_sub", seconds, False),
+        "c1 p50 ms, cached model, every request a miss": lambda: c1(srv, "add_sub_cached", seconds, True),
+        "c1 p50 ms, cached model, hits": lambda: c1(srv, "add_sub_cached", seconds, False),
+        "c1 p50 ms, 2 ms model, every request a miss": lambda: c1(srv, "slow_cached", seconds, True),
+        "c1 p50 ms, 2 ms model, hits": lambda: c1(srv, "slow_cached", seconds, False),
+        "c16 req/s, uncached": lambda: h2load_run(srv, "add_sub", x, want, tmp, int(seconds), 16).value,
+        "c16 req/s, cached model, hits": lambda: h2load_run(
+            srv, "add_sub_cached", x, want, tmp, int(seconds), 16).value,
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--duration", type=float, default=5.0)
@@ -88,44 +122,45 @@ def main() -> int:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="trireme-cache-"))
     repo = build(tmp)
-    srv = Server(repo, 1, tmp / "server.log", extra=["--cache-config", f"local,size={CACHE_BYTES}"])
-    srv.start()
+    redis = start_redis()
+    servers = {"local": Server(repo, 1, tmp / "local.log",
+                               extra=["--cache-config", f"local,size={CACHE_BYTES}"])}
+    if redis is not None:
+        servers["Redis"] = Server(repo, 1, tmp / "redis.log", extra=[
+            "--cache-config", "redis,host=127.0.0.1", "--cache-config",
+            f"redis,port={redis[1]}", "--cache-config", "redis,pool_size=8"])
     a = np.random.default_rng(1).random(WIDTH, dtype=np.float32)
     x = {"INPUT0": a, "INPUT1": np.ones(WIDTH, np.float32)}
-    runs: dict[str, list[float]] = {}
+    runs: dict[str, dict[str, list[float]]] = {}
     try:
+        for srv in servers.values():
+            srv.start()
         wait_quiet(60)
         for _ in range(args.repeats):
-            for label, fn in (
-                    ("c1 p50 ms, uncached", lambda: c1(srv, "add_sub", args.duration, False)),
-                    ("c1 p50 ms, cached model, every request a miss",
-                     lambda: c1(srv, "add_sub_cached", args.duration, True)),
-                    ("c1 p50 ms, cached model, hits",
-                     lambda: c1(srv, "add_sub_cached", args.duration, False)),
-                    ("c1 p50 ms, 2 ms model, every request a miss",
-                     lambda: c1(srv, "slow_cached", args.duration, True)),
-                    ("c1 p50 ms, 2 ms model, hits", lambda: c1(srv, "slow_cached", args.duration, False)),
-                    ("c16 req/s, uncached", lambda: h2load_run(
-                        srv, "add_sub", x, a + 1, tmp, int(args.duration), 16).value),
-                    ("c16 req/s, cached model, hits", lambda: h2load_run(
-                        srv, "add_sub_cached", x, a + 1, tmp, int(args.duration), 16).value)):
-                runs.setdefault(label, []).append(fn())
-                log(f"{label}: {runs[label][-1]:.3f}")
+            for name, srv in servers.items():
+                for label, fn in rows(srv, x, a + 1, tmp, args.duration).items():
+                    runs.setdefault(label, {}).setdefault(name, []).append(fn())
+                    log(f"{name}: {label}: {runs[label][name][-1]:.3f}")
     finally:
-        srv.stop()
-    med = {k: statistics.median(v) for k, v in runs.items()}
+        for srv in servers.values():
+            srv.stop()
+        if redis is not None:
+            redis[0].kill()
+    med = {k: {n: statistics.median(v) for n, v in byname.items()} for k, byname in runs.items()}
     print("\n" + "\n".join(f"- {k}: {v}" for k, v in machine_info(1).items()) + "\n")
-    print("| measure | Trireme (median) | runs | Triton 2.51 |")
-    print("|---|---:|---|---|")
-    for k, v in med.items():
-        print(f"| {k} | {v:,.3f} | {', '.join(f'{r:,.3f}' for r in runs[k])} | no cache library |")
-    hit, miss = med["c1 p50 ms, cached model, hits"], med["c1 p50 ms, cached model, every request a miss"]
-    slow_hit = med["c1 p50 ms, 2 ms model, hits"]
-    slow_miss = med["c1 p50 ms, 2 ms model, every request a miss"]
-    print(f"\nhit / miss latency: {hit / miss:.2f} (2 ms model: {slow_hit / slow_miss:.2f}); "
-          f"hit / uncached: "
-          f"{hit / med['c1 p50 ms, uncached']:.2f}; c16 hits / uncached throughput: "
-          f"{med['c16 req/s, cached model, hits'] / med['c16 req/s, uncached']:.2f}")
+    names = list(servers)
+    print("| measure | " + " | ".join(f"{n} cache (median; runs)" for n in names) + " | Triton 2.51 |")
+    print("|---|" + "---:|" * len(names) + "---|")
+    for k in runs:
+        cells = [f"{med[k][n]:,.3f} ({', '.join(f'{r:,.3f}' for r in runs[k][n])})" for n in names]
+        print(f"| {k} | " + " | ".join(cells) + " | no cache library |")
+    for n in names:
+        hit = med["c1 p50 ms, cached model, hits"][n]
+        miss = med["c1 p50 ms, cached model, every request a miss"][n]
+        slow = med["c1 p50 ms, 2 ms model, hits"][n] / med["c1 p50 ms, 2 ms model, every request a miss"][n]
+        c16 = med["c16 req/s, cached model, hits"][n] / med["c16 req/s, uncached"][n]
+        print(f"\n{n}: hit / miss latency {hit / miss:.2f} (2 ms model: {slow:.2f}); c16 hits / "
+              f"uncached throughput {c16:.2f}")
     return 0
 
 

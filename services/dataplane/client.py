@@ -47,11 +47,13 @@ from services.common.shm import domain as shm_domain
 from services.dataplane.cache_key import cache_key
 from services.dataplane.chain import Chains
 from services.dataplane.classification import classify_outputs
-from services.dataplane.control import ControlCalls, TraceCalls, error_from
+from services.dataplane.control import ControlCalls, error_from
 from services.dataplane.direct import DirectPath
 from services.dataplane.metadata import ModelCache
 from services.dataplane.outbox import Outbox
+from services.dataplane.regions import output_region, region_ref, uses_regions
 from services.dataplane.settings import DataPlaneSettings
+from services.dataplane.tracing import Tracer
 from services.dataplane.types import CoreRequest, CoreResponse, OutputTensor
 from services.dataplane.validation import validate_infer
 
@@ -64,27 +66,7 @@ FIRST_CONNECT_S = 2.0   # start() waits this long for the scheduler: a client st
                         # (BLS in a worker, a frontend of `trireme serve`) finds it reached
 _ID_SHIFT = 40   # request ids: pid << 40 | a counter (pids are below 2**22: ids stay 62-bit)
 
-def _region_ref(t: Any) -> m.TensorRef:
-    """An input in the client's shared memory: the region as named (the scheduler finds
-    it; the adapters checked the parameters' types)."""
-    p = t.parameters
-    return m.TensorRef(t.name, t.datatype, list(t.shape), p.get("shared_memory_byte_size", 0),
-                       offset=p.get("shared_memory_offset", 0),
-                       region=p["shared_memory_region"])
-
-
-def _uses_regions(req: CoreRequest) -> bool:
-    """Whether a request reads or writes client shared memory."""
-    return (any(t.data is None for t in req.inputs)
-            or any("shared_memory_region" in o.parameters for o in req.outputs or ()))
-
-
-def _output_region(p: dict[str, Any]) -> m.OutputRegion:
-    return m.OutputRegion(p["shared_memory_region"], p.get("shared_memory_offset", 0),
-                          p.get("shared_memory_byte_size", 0))
-
-
-class DataPlane(ControlCalls, TraceCalls):
+class DataPlane:
     _outbox: Outbox   # how requests and cancels leave for the scheduler (made by start())
 
     def __init__(self, settings: DataPlaneSettings) -> None:
@@ -118,6 +100,16 @@ class DataPlane(ControlCalls, TraceCalls):
             self._shm_ok = False
         self._segments = SegmentMap()
         self._housekeeper = Housekeeper(self._arena, self._segments)
+        # DataPlaneAPI's trace and control calls: its collaborators' own methods, bound here;
+        # trace_on and trace_mode copy the tracer's (read per request: _on_trace_levels)
+        t = self._tracer = Tracer(self._send, self._segments.view)
+        self.trace_on, self.trace_mode, self.trace_level = t.on, t.mode, t.level
+        c = self._control = ControlCalls(self._call, lambda: next(self._ids))
+        self.repository_index, self.load_model, self.unload_model, self.statistics = (
+            c.repository_index, c.load_model, c.unload_model, c.statistics)
+        self.shm_status, self.shm_register, self.shm_unregister, self.metrics_text = (
+            c.shm_status, c.shm_register, c.shm_unregister, c.metrics_text)
+        self.log_settings, self.trace_settings = c.log_settings, c.trace_settings
         self._handlers = self._handler_table()
         self._tick: asyncio.TimerHandle | None = None
         self.result_addr = settings.result_addr
@@ -255,7 +247,7 @@ class DataPlane(ControlCalls, TraceCalls):
             m.ModelInfo: answer, m.Index: answer, m.ControlDone: answer, m.Stats: answer,
             m.ShmRegions: answer, m.LogSettings: answer, m.TraceSettings: answer,
             m.MetricsText: answer,
-            m.TraceLevels: lambda msg, frames: self._on_trace_levels(msg),
+            m.TraceLevels: self._on_trace_levels,
             m.GetPending: lambda msg, frames: self._send(
                 m.Pending(msg.ctl_id, self._direct.waiting())),
             m.FlushStats: lambda msg, frames: self._chains.send_stats(msg.flush_id),
@@ -280,6 +272,11 @@ class DataPlane(ControlCalls, TraceCalls):
         fut = self._pending.pop(msg.ctl_id, None)
         if isinstance(fut, asyncio.Future) and not fut.done():
             fut.set_result(msg)
+
+    def _on_trace_levels(self, msg: m.TraceLevels, frames: list[Any]) -> None:
+        """Which requests to mark as traceable: the tracer's, and its flag and mode copied."""
+        self._tracer.levels(msg)
+        self.trace_on, self.trace_mode = self._tracer.on, self._tracer.mode
 
     def _on_log_settings(self, msg: m.LogSettingsChanged, frames: list[Any]) -> None:
         logsettings.apply(msg.settings)
@@ -420,8 +417,8 @@ class DataPlane(ControlCalls, TraceCalls):
             # that cycle waits for the cyclic GC, which an idle frontend hardly runs
             # (procutil.GC_THRESHOLDS), and each body with it.
             del fut
-        if result.trace:   # sampled: its trace so far (control.py TraceCalls)
-            self._trace_result(result, rframes)
+        if result.trace:   # sampled: its trace so far (tracing.py)
+            self._tracer.result(result, rframes)
         return self._response(req, version, result, rframes, info)
 
     async def infer_stream(self, req: CoreRequest,
@@ -442,8 +439,8 @@ class DataPlane(ControlCalls, TraceCalls):
             while not final:
                 result, rframes = await queue.get()
                 final = result.final
-                if self.trace_on:   # a traced stream counts its responses (TraceCalls)
-                    self._trace_stream(result, rframes, info.decoupled)
+                if self.trace_on:   # a traced stream counts its responses (tracing.py)
+                    self._tracer.stream(result, rframes, info.decoupled)
                 if result.error is not None and not final:
                     yield CoreResponse(req.model, str(version), req.id, final=False,
                                        error=error_from(result.error))
@@ -478,10 +475,10 @@ class DataPlane(ControlCalls, TraceCalls):
         # samples traces)
         route, plan, key = None, None, b""
         if info.cache:   # looked up in the response cache first: the scheduler's path
-            key = b"" if _uses_regions(req) else cache_key(
+            key = b"" if uses_regions(req) else cache_key(
                 info.name, version, req.inputs, [o.name for o in req.outputs or ()])
         elif (info.routes or info.chain) and self.settings.direct and not self.trace_on \
-                and not _uses_regions(req):
+                and not uses_regions(req):
             if info.routes:
                 route = self._direct.pick(info, version)
             else:
@@ -495,7 +492,7 @@ class DataPlane(ControlCalls, TraceCalls):
         try:
             for t in req.inputs:
                 if t.data is None:   # in the client's shared memory: the scheduler resolves it
-                    refs.append(_region_ref(t))
+                    refs.append(region_ref(t))
                     continue
                 nbytes = len(t.data) if not isinstance(t.data, memoryview) else t.data.nbytes
                 ref = m.TensorRef(t.name, t.datatype, list(t.shape), nbytes)
@@ -522,11 +519,11 @@ class DataPlane(ControlCalls, TraceCalls):
             for o in req.outputs:
                 outputs.append(o.name)
                 if "shared_memory_region" in o.parameters:
-                    regions[o.name] = _output_region(o.parameters)
+                    regions[o.name] = output_region(o.parameters)
         self._pending[req_id] = waiter
         self._inflight[req_id] = blocks
-        # trace: 1 when its adapter traces it, should the scheduler sample it (TraceCalls)
-        trace = self._trace_begin(req, version) if self.trace_on else 0
+        # trace: 1 when its adapter traces it, should the scheduler sample it (tracing.py)
+        trace = self._tracer.begin(req, version) if self.trace_on else 0
         msg = m.InferRequest(req_id, self.result_addr, req.model, version, refs, outputs,
                              req.parameters, batch_size, req.id, regions, trace)
         if key:
