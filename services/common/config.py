@@ -19,6 +19,7 @@ from google.protobuf.descriptor import FieldDescriptor
 
 from protos import model_config_pb2 as mc
 from services.common.batch_io_config import validate_batch_io
+from services.common.canary import version_split
 from services.common.errors import expects_datatype_text, expects_inputs_text, invalid_arg, unexpected_io_text
 from services.common.repository import available_versions
 
@@ -451,6 +452,7 @@ def validate(cfg: mc.ModelConfig, *, require_io: bool = True) -> None:
             seen.add(io.name)
     if require_io and (cfg.batch_input or cfg.batch_output):
         validate_batch_io(cfg)
+    version_split(cfg)   # (a canary split that cannot be read fails the load)
 
 
 # ------------------------------------------------------------------------------- JSON

@@ -313,6 +313,8 @@ class ModelInfo(_Msg):
     routes: list[Route] = []       # where requests may go without the scheduler (direct path)
     chain: list[ChainStep] = []    # an ensemble a frontend may run over its steps' routes
     cache: bool = False            # requests are looked up in the response cache (their key)
+    split: dict[int, int] = {}     # version -> weight for requests naming none (canary.py)
+    sticky: str = ""               # the request parameter whose value keeps a request's version
 
 
 class IndexEntry(_Msg):

@@ -389,7 +389,7 @@ class DataPlane:
     async def infer(self, req: CoreRequest, endpoint: str = "HTTP end point") -> CoreResponse:
         """One request, one response. ``endpoint`` names the caller in the error a decoupled
         model gives (Triton's text: such models answer over a stream only)."""
-        info, version = await self.models.ready_info(req.model, req.version)
+        info, version = await self.models.serving(req.model, req.version, req.parameters)
         if info.decoupled:
             raise TriremeError(Code.UNSUPPORTED, f"{endpoint} doesn't support models with "
                                                  "decoupled transaction policy")
@@ -429,7 +429,7 @@ class DataPlane:
         request is queued for the scheduler or refused."""
         queue: asyncio.Queue = asyncio.Queue()
         try:
-            info, version = await self.models.ready_info(req.model, req.version)
+            info, version = await self.models.serving(req.model, req.version, req.parameters)
             req_id = self._send_request(req, info, version, queue)
         finally:
             if on_sent is not None:

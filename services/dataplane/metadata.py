@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from services.common import messages as m
+from services.common.canary import choose
 from services.common.states import ModelState
 from services.dataplane.control import error_from
 from services.dataplane.validation import resolve_version
@@ -79,6 +81,20 @@ class ModelCache:
         if info.error is not None:
             raise error_from(info.error)
         return info, resolve_version(info, version)
+
+    async def serving(self, model: str, version: str, parameters: dict[str, Any]
+                      ) -> tuple[m.ModelInfo, int]:
+        """The info and the version a request runs on: the version it names; naming none,
+        one of the model's canary split (canary.py) or else the default."""
+        info, v = await self.ready_info(model, version)
+        if not version and info.split:
+            key = parameters.get(info.sticky) if info.sticky else None
+            chosen = choose(info.split, [n for n, s in info.versions.items()
+                                         if s == ModelState.READY],
+                            None if key is None else str(key))
+            if chosen is not None:
+                v = chosen
+        return info, v
 
     async def metadata(self, model: str, version: str) -> dict:
         info, _ = await self.ready_info(model, version)

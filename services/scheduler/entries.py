@@ -10,6 +10,7 @@ from typing import Any
 from protos import model_config_pb2 as mc
 from services.common import config as cfgmod
 from services.common import messages as m
+from services.common.canary import version_split
 from services.common.datatypes import config_to_api
 from services.common.repository import model_key
 from services.common.states import ModelState
@@ -72,6 +73,7 @@ def model_info(entry: ModelEntry) -> m.ModelInfo:
     cfg = entry.config
     if cfg is None:
         return m.ModelInfo(0, entry.name, versions=versions)
+    split, sticky = version_split(cfg)   # (checked at load: config.validate)
     return m.ModelInfo(
         0, entry.name, platform=cfg.platform or cfg.backend, backend=cfg.backend,
         versions=versions, max_batch_size=cfg.max_batch_size,
@@ -82,4 +84,5 @@ def model_info(entry: ModelEntry) -> m.ModelInfo:
         probe_ready=any(i.probe for i in entry.instances),
         labels=entry.labels,
         # (step names resolve in the frontend's one namespace: none with namespacing)
-        chain=[] if entry.namespace else chain(cfg))
+        chain=[] if entry.namespace else chain(cfg),
+        split=split, sticky=sticky)
