@@ -41,6 +41,7 @@ from services.common.errors import Code, TriremeError, load_failed_text
 from services.common.procutil import die_with_parent, set_title, tune_gc
 from services.common.shm import DEFAULT_INLINE_THRESHOLD, Arena, SegmentMap, ShmUnavailable
 from services.common.trace import stamp_results
+from services.workers import warmup
 from services.workers.batch_io import BatchIO
 from services.workers.direct import DirectSide, hub_for
 from services.workers.results import ResultSender
@@ -199,6 +200,7 @@ class Worker:
             self.batch_io = None if backend.per_request else BatchIO.of(backend.config)
             self.config_outputs = [io.name for io in backend.config.output]
             self.sequence_io = SequenceIO.of(backend.config, msg.model_dir)
+            warmup.run(backend, self.batch_io, msg)   # model_warmup, before the instance serves
             if backend.cancels is not None:   # its models can stop early: open the cancel channel
                 backend.cancels.listen(self.scheduler_addr, self.worker_id)
             reply = m.ModelLoaded(self.worker_id, config=backend.config.SerializeToString(),

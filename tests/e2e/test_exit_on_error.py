@@ -19,7 +19,7 @@ import numpy as np
 import psutil
 import pytest
 import tritonclient.http as httpclient
-from conftest import ROOT, start_server
+from conftest import ROOT, start_server, wait_until
 from tritonclient.utils import InferenceServerException
 
 from tests.models_python import IDENTITY, io_config, python_model
@@ -80,6 +80,7 @@ def test_without_exit_on_error_the_others_serve(repo):
     with start_server(repo, "--exit-on-error", "false", ready=False) as srv:
         c = httpclient.InferenceServerClient(srv.http_url)
         try:
+            wait_until(lambda: _settled(c), 60, "every model to load or fail")
             x = httpclient.InferInput("INPUT0", [1], "FP32")
             x.set_data_from_numpy(np.array([3], np.float32))
             np.testing.assert_array_equal(c.infer("good", [x]).as_numpy("OUTPUT0"), [3])
@@ -99,6 +100,12 @@ def test_without_exit_on_error_the_others_serve(repo):
             assert e.value.status() == "404", e.value
         finally:
             c.close()
+
+
+def _settled(c) -> bool:
+    """Every model of the index READY or UNAVAILABLE (none LOADING)."""
+    states = {e["name"]: e.get("state") for e in c.get_model_repository_index()}
+    return len(states) == 3 and set(states.values()) <= {"READY", "UNAVAILABLE"}
 
 
 def test_without_strict_readiness_the_server_is_ready(repo):
