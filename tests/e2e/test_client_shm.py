@@ -341,6 +341,13 @@ def test_request_errors(server, mod, _):
                            "64 bytes to hold the results"):
             c.infer("simple", [_in(mod, "INPUT0", A, rin), _in(mod, "INPUT1", A, rin)],
                     outputs=[_out(mod, "OUTPUT0", small, 32)])
+        for inputs, outputs in (([_in(mod, "INPUT0", A, rin), _in(mod, "INPUT1", B, "")], None),
+                                ([_in(mod, "INPUT0", A, rin), _in(mod, "INPUT1", A, rin)],
+                                 [_out(mod, "OUTPUT0", "", 64)])):
+            with pytest.raises(InferenceServerException) as e:   # a region named "": Triton's 404
+                c.infer("simple", inputs, outputs=outputs)
+            assert e.value.message() == "Unable to find shared memory region: ''"
+            assert e.value.status() in ("404", "StatusCode.NOT_FOUND"), e.value
         r = c.infer("simple", [_in(mod, "INPUT0", A, rin), _in(mod, "INPUT1", A, rin)])
         np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), A + A)
     c.close()
