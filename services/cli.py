@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -291,6 +293,29 @@ def _warn_open_repository_api(args: argparse.Namespace, frontends_here: bool) ->
                     " and ".join(open_on), _RUNS_CODE, _RESTRICT_HOW)
 
 
+def _taken_port(args: argparse.Namespace) -> str | None:
+    """Triton's error for the first of this server's ports another process listens on; None
+    when all are free. The frontends of one server share their ports (SO_REUSEPORT), so
+    another server's would let two servers take turns answering: a plain bind, which any
+    listener refuses, tells first."""
+    for service, port, used in (("GRPC", args.grpc_port, args.allow_grpc),
+                                ("HTTP", args.http_port, args.allow_http),
+                                ("Metrics", args.metrics_port, args.allow_metrics)):
+        if not used or not port:
+            continue
+        family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((args.host, port))
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    return (f"failed to start {service} service: Unavailable - Socket "
+                            f"'{args.host}:{port}' already in use ")
+                raise
+    return None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from services.frontend.main import checked_settings, frontend_argv
     from services.frontend.tls import TlsError
@@ -303,6 +328,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.in_process_frontend and args.frontends != 1:
         log.error("--in-process-frontend runs one frontend: leave --frontends at 1")
         return 2
+    taken = _taken_port(args)
+    if taken is not None:
+        log.error("%s", taken)
+        return 1
     set_title("trireme serve (scheduler)")
     _warn_open_repository_api(args, frontends_here=True)
     run_dir = tempfile.mkdtemp(prefix=f"trireme-{os.getpid()}-")
