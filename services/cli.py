@@ -47,18 +47,27 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
                         "frontend to an instance directly; false: every request passes the "
                         "scheduler")
     p.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default="none",
+                   help="how models are loaded: none (every model of the repository, at start), "
+                        "poll (and their changes, every --repository-poll-secs), explicit "
+                        "(--load-model and the repository API)",
                    type=str.lower)   # (Triton lower-cases it: "EXPLICIT" works)
-    p.add_argument("--repository-poll-secs", type=float, default=15.0)
+    p.add_argument("--repository-poll-secs", type=float, default=15.0,
+                   help="poll mode: seconds between two scans of the repository")
     p.add_argument("--load-model", action="append", default=[],
                    help="model to load at start in explicit mode ('*' for all)")
-    p.add_argument("--model-config-name", default=None)
-    p.add_argument("--disable-auto-complete-config", action="store_true")
-    p.add_argument("--strict-readiness", type=parse_bool, default=True)
+    p.add_argument("--model-config-name", default=None,
+                   help="read <model>/configs/<name>.pbtxt instead of config.pbtxt where it exists")
+    p.add_argument("--disable-auto-complete-config", action="store_true",
+                   help="use model configs as written: no inputs, outputs or batching filled in "
+                        "from the model")
+    p.add_argument("--strict-readiness", type=parse_bool, default=True,
+                   help="the server is ready only when every model it should load is READY "
+                        "(false: when it is live)")
     p.add_argument("--exit-on-error", type=parse_bool, default=True,
                    help="a model that fails to load at start-up stops the server (exit code 1); "
                         "false: the others serve, the failed one is UNAVAILABLE with its reason")
-    p.add_argument("--metrics-port", type=int, default=8002)
-    p.add_argument("--allow-metrics", type=parse_bool, default=True)
+    p.add_argument("--metrics-port", type=int, default=8002, help="the Prometheus /metrics port")
+    p.add_argument("--allow-metrics", type=parse_bool, default=True, help="serve /metrics on --metrics-port")
     p.add_argument("--allow-cpu-metrics", type=parse_bool, default=True,
                    help="CPU metrics (nv_cpu_*) on /metrics; ignored unless --allow-metrics is true")
     p.add_argument("--allow-gpu-metrics", type=parse_bool, default=True,
@@ -373,6 +382,14 @@ def _asyncio_run(coro) -> int:
     return asyncio.run(coro)
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("trireme")
+    except PackageNotFoundError:   # (run from a checkout that was never installed)
+        return "unknown"
+
+
 def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser
                  ) -> argparse.ArgumentParser:
     """The `trireme` parser with its `serve` and `scheduler` subcommands (the others parse
@@ -380,9 +397,12 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
     from services.frontend.main import add_frontend_args
 
     parser = parser_class(prog="trireme", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"trireme {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
+    shown = argparse.ArgumentDefaultsHelpFormatter   # every flag's help shows its default
 
-    serve = sub.add_parser("serve", help="scheduler + workers + N frontends on this machine")
+    serve = sub.add_parser("serve", help="scheduler + workers + N frontends on this machine",
+                           formatter_class=shown)
     _add_scheduler_args(serve)
     add_frontend_args(serve)
     serve.add_argument("--frontends", type=int, default=1, help="frontend processes sharing the ports")
@@ -395,7 +415,8 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
                             "(ZeroMQ over ipc://)")
     serve.set_defaults(func=cmd_serve)
 
-    sched = sub.add_parser("scheduler", help="the scheduler alone (frontends connect to it)")
+    sched = sub.add_parser("scheduler", help="the scheduler alone (frontends connect to it)",
+                           formatter_class=shown)
     _add_scheduler_args(sched)
     sched.add_argument("--frontend-addr", default="stream://0.0.0.0:8010",
                        help="where frontends connect (stream:// or unix://: framed sockets; "

@@ -69,13 +69,16 @@ def add_frontend_args(p: argparse.ArgumentParser) -> list[argparse.Action]:
     """The frontend's own flags, on `trireme frontend` and on `trireme serve` (which hands
     them on to its frontend processes with frontend_argv). Returns the actions added."""
     return [
-        p.add_argument("--http-port", type=int, default=8000),
-        p.add_argument("--grpc-port", type=int, default=8001),
-        p.add_argument("--host", default="0.0.0.0"),
-        p.add_argument("--allow-http", type=parse_bool, default=True),
-        p.add_argument("--allow-grpc", type=parse_bool, default=True),
+        p.add_argument("--http-port", type=int, default=8000, help="the HTTP/REST port"),
+        p.add_argument("--grpc-port", type=int, default=8001, help="the gRPC port"),
+        p.add_argument("--host", default="0.0.0.0",
+                       help="the address the HTTP and gRPC ports (and, for serve, the metrics "
+                            "port) listen on"),
+        p.add_argument("--allow-http", type=parse_bool, default=True, help="serve HTTP/REST"),
+        p.add_argument("--allow-grpc", type=parse_bool, default=True, help="serve gRPC"),
         p.add_argument("--http-max-input-size", type=_max_input_size,
-                       default=DEFAULT_HTTP_MAX_INPUT_SIZE),
+                       default=DEFAULT_HTTP_MAX_INPUT_SIZE,
+                       help="the largest HTTP request body, in bytes (Triton's flag)"),
         p.add_argument("--server-name", default="trireme",
                        help='name reported by server metadata ("triton" for Triton test suites)'),
         p.add_argument("--inline-threshold", type=int, default=DEFAULT_INLINE_THRESHOLD,
