@@ -116,8 +116,10 @@ class TritonFormatter(logging.Formatter):
             text = f"{text}\n{record.exc_text}"
         if record.stack_info:
             text = f"{text}\n{self.formatStack(record.stack_info)}"
-        if self.escape:
-            text = json.dumps(text, ensure_ascii=False)   # rapidjson's SerializeString
+        # rapidjson's SerializeString; a table (extra={"table": True}) is written as it is,
+        # as Triton's LOG_TABLE_INFO writes its model and option tables
+        if self.escape and not getattr(record, "table", False):
+            text = json.dumps(text, ensure_ascii=False)
         secs = int(record.created)
         t = time.gmtime(secs)
         where = f"{record.process} {record.filename}:{record.lineno}] {text}"

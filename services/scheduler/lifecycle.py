@@ -215,6 +215,7 @@ class ModelManager:
             raise LoadFailed(e.code, e.message) from None
         for v in versions:
             new.versions[v] = VersionState(v)
+            log.info("loading: %s:%d", name, v)
         if not old.versions:   # (a reload keeps the old versions serving until the new ones are up)
             old.versions = {v: VersionState(v) for v in versions}
             old.info = None
@@ -252,6 +253,7 @@ class ModelManager:
         previous = self.models.get(key)
         self.models[key] = new
         self.changed([key])
+        log.info("successfully loaded '%s'", name)
         if previous is not None and previous is not new:
             await self.retirement.retire(previous, "unloaded")
 
@@ -396,6 +398,8 @@ class ModelManager:
             e.info = None
             self.changed([key])
             await self.retirement.retire(e, "unloaded")
+            for v in sorted(e.versions):
+                log.info("successfully unloaded '%s' version %d", e.name, v)
             path = e.path if e.override_dir is None else None   # scan() finds the repository's
             self.models[key] = ModelEntry(e.name, path, namespace=e.namespace, versions={
                 v: VersionState(v, UNAVAILABLE, "unloaded") for v in e.versions})

@@ -61,6 +61,7 @@ from services.scheduler.sequence import SequenceConfig, SequenceQueue
 from services.scheduler.shm_regions import Registry
 from services.scheduler.state import LoadedModels
 from services.scheduler.stats import StatsRegistry
+from services.scheduler.status_table import status_table
 from services.scheduler.trace_config import TraceConfig
 from services.scheduler.trace_settings import TraceManager
 from services.scheduler.watchdog import execution_limit
@@ -238,11 +239,9 @@ class Scheduler:
         names = sorted(loads)
         results = await asyncio.gather(*(self.models.load(n, *loads[n]) for n in names),
                                        return_exceptions=True)
-        failed = []
-        for n, r in zip(names, results):
-            if isinstance(r, BaseException):
-                log.error("model '%s' failed to load: %s", n, r)
-                failed.append(n)
+        # (each failure was logged where it happened, once: lifecycle.py)
+        failed = [n for n, r in zip(names, results) if isinstance(r, BaseException)]
+        log.info("\n%s", status_table(self.models.index(ready_only=False)), extra={"table": True})
         self.ready = True
         self._changed([])
         if self.settings.control_mode == "poll":

@@ -13,6 +13,7 @@ that forms smaller batches than expected shows up on a dashboard.
 """
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
@@ -24,6 +25,8 @@ from services.scheduler.metrics_config import FIRST_RESPONSE, MetricsOptions
 from services.scheduler.metrics_host import HostMetrics
 from services.scheduler.metrics_latency import SUMMARIES
 from services.scheduler.stats import BATCH_BUCKETS, StatsRegistry, VersionStats
+
+log = logging.getLogger("trireme.metrics")
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -193,6 +196,7 @@ class Metrics:
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, host, port, reuse_port=True).start()
+        log.info("Started Metrics Service at %s:%d", host, port)
         self.host.start()
         return runner
 

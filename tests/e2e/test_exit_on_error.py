@@ -71,9 +71,15 @@ def test_a_failed_load_stops_the_server_by_default(repo):
     assert proc.returncode == 1, err
     assert err.rstrip("\n").splitlines()[-1] == \
         "error: creating server: Internal - failed to load all models", err[-2000:]
-    assert "model 'failinit' failed to load: initialize of model 'failinit' failed: " \
+    assert "failed to load 'failinit': initialize of model 'failinit' failed: " \
         "ValueError: boom" in err
     assert _session(proc.pid) == []   # every worker and frontend stopped with it
+    # Triton's start-up log: what loads, what failed (once), and the model table
+    assert "loading: good:1" in err and "successfully loaded 'good'" in err
+    assert err.count("failed to load 'failinit'") == 1, err
+    table = err[err.index("| Model "):]
+    assert "| good     | 1       | READY" in table and "| failinit | 1       | UNAVAILABLE: " \
+        "initialize of model 'failinit' failed: ValueError: boom" in table, table
 
 
 def test_without_exit_on_error_the_others_serve(repo):
