@@ -66,8 +66,7 @@ class SequenceIO:
         out: dict[str, np.ndarray] = {}
         for name, kind, dtype, pair in self.controls:
             if kind == CORRID:
-                value: Any = str(corrid) if dtype == np.object_ else corrid
-                out[name] = np.full(shape, value, dtype=dtype)
+                out[name] = _corrid(corrid, dtype, shape)
             else:
                 flag = start if kind == START else end if kind == END else True
                 out[name] = np.full(shape, pair[1] if flag else pair[0], dtype=dtype)
@@ -99,3 +98,17 @@ def _initial(st: Any, model_dir: str, batched: bool) -> np.ndarray:
         count = int(np.prod(shape))
         return np.frombuffer(data, dtype=dtype, count=count).reshape(shape).copy()
     return np.zeros(shape, dtype=dtype)
+
+
+def _corrid(corrid: int | str, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """The CORRID control's value. A string ID given to a numeric control is what Triton
+    gives it: the first bytes of the string as a BYTES element (a 4-byte little-endian
+    length, then its UTF-8), read as that type, zero-padded."""
+    if dtype == np.object_:
+        return np.full(shape, str(corrid), dtype=dtype)
+    if isinstance(corrid, str):
+        raw = len(corrid.encode()).to_bytes(4, "little") + corrid.encode()
+        size = np.dtype(dtype).itemsize
+        return np.full(shape, np.frombuffer(raw[:size].ljust(size, b"\0"), dtype=dtype)[0])
+    return np.full(shape, corrid, dtype=dtype)
+
