@@ -9,6 +9,7 @@ TensorFlow and OpenVINO generators need those frameworks or a GPU):
   qa_model_repository                         gen_qa_models.py --onnx
   qa_variable_model_repository                gen_qa_models.py --onnx --variable
   qa_identity_model_repository                gen_qa_identity_models.py --onnx
+  qa_sequence_model_repository                gen_qa_sequence_models.py --onnx
   qa_ensemble_model_repository/qa_model_repository   gen_qa_models.py --ensemble
 
 Each is generated once per run (under <work>/generated_qa/) and its ONNX files pinned to
@@ -28,6 +29,7 @@ GENERATORS = {
     "qa_variable_model_repository": ("gen_qa_models.py", "--onnx", "--onnx_opset=0",
                                      "--variable"),
     "qa_identity_model_repository": ("gen_qa_identity_models.py", "--onnx", "--onnx_opset=0"),
+    "qa_sequence_model_repository": ("gen_qa_sequence_models.py", "--onnx", "--onnx_opset=0"),
     "qa_ensemble_model_repository/qa_model_repository": ("gen_qa_models.py", "--ensemble"),
 }
 

@@ -40,6 +40,13 @@ Suites (--only, comma separated; default simple_ensemble,infer_zero):
                     (not by default) ten more L0 suites, ONNX and Python backends only:
                     qa_infer.py, qa_small.py, qa_http_grpc.py, qa_batcher.py,
                     qa_namespacing.py (results: docs/compat.md)
+  response_cache    (not by default) L0_response_cache (qa_cache.py): test.sh's server
+                    sections (decoupled models with the cache, the --cache-config /
+                    --response-cache-byte-size flags, Redis flags and auth against a
+                    redis-server it starts) and ensemble_cache_test.py's four cases
+  warmup            (not by default) L0_warmup (qa_warmup.py), BACKENDS=onnx: the warmup
+                    log lines of the onnx addsub/sequence/string models, the failing and
+                    decoupled Python models
 
 A case that asks for a model the generators did not make (a framework left out) counts as
 n/a, not as an error.
@@ -62,11 +69,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import qa_batcher  # noqa: E402  (L0_batcher)
+import qa_cache  # noqa: E402  (L0_response_cache)
 import qa_http_grpc  # noqa: E402  (L0_http, L0_grpc)
 import qa_infer  # noqa: E402  (L0_infer)
 import qa_namespacing  # noqa: E402  (L0_model_namespacing)
@@ -74,8 +83,10 @@ import qa_server  # noqa: E402  (benchmarks/compat/qa_server.py)
 import qa_shared_memory  # noqa: E402  (benchmarks/compat/qa_shared_memory.py: L0_shared_memory)
 import qa_small  # noqa: E402  (L0_input_validation, string_io, nan_inf, output_name, initializer_as_input)
 import qa_tree  # noqa: E402  (benchmarks/compat/qa_tree.py)
+import qa_warmup  # noqa: E402  (L0_warmup)
 
-MORE_SUITES = (qa_infer, qa_small, qa_http_grpc, qa_batcher, qa_namespacing)
+MORE_SUITES = (qa_infer, qa_small, qa_http_grpc, qa_batcher, qa_namespacing, qa_cache,
+               qa_warmup)
 SUITES = ("simple_ensemble", "backpressure", "infer_zero", *qa_shared_memory.SUITES,
           *(s for m in MORE_SUITES for s in m.SUITES))
 DEFAULT_SUITES = ("simple_ensemble", "infer_zero")
@@ -112,6 +123,12 @@ class Phase:
     log_checks: tuple[tuple[str, str], ...] = ()   # (what, text the server log must hold)
     live_after: bool = False          # test.sh checks the server is still live afterwards
     server_env: dict[str, str] = dataclasses.field(default_factory=dict)   # exported before run_server
+    # log_checks' and log_absent's texts: a str (grep TEXT) or a re.Pattern (grep -i, ...)
+    server_must_start: bool = False   # test.sh fails when run_server fails (SERVER_PID == 0)
+    log_absent: tuple[tuple[str, str | re.Pattern], ...] = ()   # (what, text it must not hold)
+    log_after: tuple[tuple[str, str | re.Pattern], ...] = ()    # log_checks after the test ran
+    before: Callable[[], None] | None = None   # test.sh's steps before run_server (redis-cli ...)
+    not_run: str = ""                 # why this section is not run here: one n/a row, no server
 
 
 @dataclasses.dataclass
@@ -274,14 +291,27 @@ def _case_name(test_id: str, module: str) -> str:
     return test_id[len(module) + 1:] if test_id.startswith(module + ".") else test_id
 
 
+def _found(needle: str | re.Pattern, text: str) -> bool:
+    return needle.search(text) is not None if isinstance(needle, re.Pattern) else needle in text
+
+
+def _shown(needle: str | re.Pattern) -> str:
+    return f"/{needle.pattern}/" if isinstance(needle, re.Pattern) else f"'{needle}'"
+
+
 def run_phase(phase: Phase, work: Path, args) -> tuple[list[Row], PhaseInfo]:
     test_name = f"{phase.suite}/{phase.test_file or 'test.sh'}"
+    if phase.not_run:
+        return ([Row(test_name, phase.run, "(section)", "n/a", phase.not_run)],
+                PhaseInfo(phase.key, False, 0.0, [], "", Path()))
     taken = qa_server.ports_in_use()
     if taken:
         raise PortsTaken(f"port(s) {', '.join(map(str, taken))} already in use before "
                          f"starting the server for {phase.key}")
     server_log = work / "logs" / f"{phase.key}.server.log"
     server = qa_server.TriremeServer(phase.repository, server_log, phase.server_args)
+    if phase.before is not None:
+        phase.before()
     log(f"{phase.key}: starting trireme serve ({phase.repository.name})")
     rows: list[Row] = []
     try:
@@ -302,11 +332,22 @@ def run_phase(phase: Phase, work: Path, args) -> tuple[list[Row], PhaseInfo]:
                             "pass" if not ready else "fail",
                             "" if not ready else "server became ready; test.sh expects "
                             "the model loads to fail the start"))
+        if phase.server_must_start:
+            rows.append(Row("test.sh", phase.run, "server starts (run_server)",
+                            "pass" if ready else "fail",
+                            "" if ready else "server did not become ready: "
+                            + _last_error(server_log)))
+        text = server_log.read_text(errors="replace")
         for what, needle in phase.log_checks:
-            text = server_log.read_text(errors="replace")
+            ok = _found(needle, text)
             rows.append(Row("test.sh", phase.run, f"server log: {what}",
-                            "pass" if needle in text else "fail",
-                            "" if needle in text else f"server log lacks '{needle}'"))
+                            "pass" if ok else "fail",
+                            "" if ok else f"server log lacks {_shown(needle)}"))
+        for what, needle in phase.log_absent:
+            bad = _found(needle, text)
+            rows.append(Row("test.sh", phase.run, f"server log: {what}",
+                            "fail" if bad else "pass",
+                            f"server log holds {_shown(needle)}" if bad else ""))
         if phase.test_file is not None:
             module = Path(phase.test_file).stem
             if not server.alive():
@@ -324,6 +365,12 @@ def run_phase(phase: Phase, work: Path, args) -> tuple[list[Row], PhaseInfo]:
                 if phase.expected is not None and len(records) != phase.expected:
                     rows.append(Row("test.sh", phase.run, "check_test_results count", "fail",
                                     f"expected {phase.expected} tests, got {len(records)}"))
+        text = server_log.read_text(errors="replace")
+        for what, needle in phase.log_after:
+            ok = _found(needle, text)
+            rows.append(Row("test.sh", phase.run, f"server log: {what}",
+                            "pass" if ok else "fail",
+                            "" if ok else f"server log lacks {_shown(needle)}"))
         if phase.live_after:
             ok = server.alive() and server.live()
             rows.append(Row("test.sh", phase.run, "server still live after the test",
@@ -337,6 +384,15 @@ def run_phase(phase: Phase, work: Path, args) -> tuple[list[Row], PhaseInfo]:
         log(f"{phase.key}: stop: {stop_note}")
     return rows, PhaseInfo(phase.key, server.ready, server.startup_s, server.not_ready,
                            stop_note, server_log)
+
+
+def _last_error(server_log: Path) -> str:
+    """The server log's last line that looks like an error (for a start that failed)."""
+    lines = [ln.strip() for ln in server_log.read_text(errors="replace").splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if re.search(r"error|fail|unavailable|refused", ln, re.I):
+            return ln
+    return lines[-1] if lines else "(empty log)"
 
 
 # ---------------------------------------------------------------------------------- reporting

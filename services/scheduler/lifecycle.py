@@ -296,6 +296,11 @@ class ModelManager:
         entry.labels = ensemble_labels(cfg, entry.labels, {n: self.models[keys[n]].labels for n in names})
         # Triton: an ensemble with a decoupled step streams (its clients use a stream).
         cfg.model_transaction_policy.decoupled = is_decoupled(cfg, composing)
+        if cfg.model_transaction_policy.decoupled and cfg.response_cache.enable:
+            # (Triton checks it again once a decoupled step made the ensemble decoupled)
+            raise invalid_arg(f"Response Cache does not currently support model {cfg.name} "
+                              "with 'decoupled' transaction policy. Please disable the "
+                              "response cache.")
         entry.composing = list(keys.values())
         if self.namespacing:   # (Triton's config shows where each step was found)
             for step in cfg.ensemble_scheduling.step:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -66,19 +67,44 @@ def client_options(settings: dict[str, str]) -> dict[str, Any]:
         ms = int(settings.get(name, "0") or 0)
         return ms / 1000 if ms > 0 else None
     opts: dict[str, Any] = {
-        "host": settings["host"], "port": int(settings["port"]),
+        "host": settings["host"], "port": _atoi(settings["port"]),
         "username": settings.get("user") or os.environ.get(USERNAME_ENV) or None,
         "password": settings.get("password") or os.environ.get(PASSWORD_ENV) or None,
         "db": int(settings.get("db", "0") or 0),
         "socket_connect_timeout": seconds("connect_timeout"),
         "socket_timeout": seconds("socket_timeout"),
         "max_connections": int(settings.get("pool_size", "1") or 1),
+        # RESP2, as Triton's client: an AUTH (or none) then commands, so Redis's own refusals
+        # (NOAUTH, WRONGPASS) are what the first command gets
+        "protocol": 2,
     }
     # (how long a lookup waits for a free connection of the pool: Triton's default 1 s)
     if settings.get("tls_enabled") == "true":
         opts.update(ssl=True, ssl_certfile=settings.get("cert"), ssl_keyfile=settings.get("key"),
                     ssl_ca_certs=settings.get("cacert"))
     return opts
+
+
+def _triton_words(e: Exception, options: dict[str, Any]) -> str:
+    """redis-py's error in the words of Triton's client (redis-plus-plus): Redis's reply
+    with its code, or "Failed to connect to Redis (host:port): <why>"."""
+    import redis
+    text = str(e)
+    if isinstance(e, redis.AuthenticationError):
+        code = "NOAUTH" if "required" in text.lower() else "WRONGPASS"
+        return f"{code} {text}"
+    if isinstance(e, redis.ConnectionError):
+        hit = re.match(r"Error -?\d+ connecting to (\S+?)\. (.+?)\.?$", text)
+        if hit:
+            return f"Failed to connect to Redis ({hit.group(1)}): {hit.group(2)}"
+        return f"Failed to connect to Redis ({options['host']}:{options['port']}): {text}"
+    return text
+
+
+def _atoi(text: str) -> int:
+    """C's atoi, as Triton reads the port: the leading digits, else 0."""
+    digits = re.match(r"\s*([+-]?\d+)", text)
+    return int(digits.group(1)) if digits else 0
 
 
 class RedisCache:
@@ -107,7 +133,8 @@ class RedisCache:
             finally:
                 client.close()
         except redis.RedisError as e:
-            raise RuntimeError(f"Failed to initialize RedisCache: {e}") from None
+            raise RuntimeError(f"Failed to initialize RedisCache: {_triton_words(e, options)}") \
+                from None
         return cls(options, prefix, wait_s)
 
     def _redis(self) -> Any:

@@ -298,3 +298,30 @@ def test_bad_cache_flags_stop_the_server_with_tritons_text(tmp_path, flags, text
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 1, r
     assert r.stderr.rstrip("\n").splitlines()[-1] == text, r.stderr
+
+
+def test_an_ensemble_made_decoupled_by_a_step_refuses_the_cache(tmp_path):
+    """Triton checks the cache rule again once a decoupled step made the ensemble decoupled
+    (its qa/L0_response_cache): the load fails with its text."""
+    from tests.models_python import REPEAT
+    root = tmp_path / "models"
+    python_model(root, "repeat", REPEAT, io_config(
+        "repeat", [("IN", "TYPE_INT32", "[ -1 ]")], [("OUT", "TYPE_INT32", "[ 1 ]")],
+        extra="model_transaction_policy { decoupled: true }"))
+    (root / "streams" / "1").mkdir(parents=True)
+    (root / "streams" / "config.pbtxt").write_text(
+        'name: "streams"\nplatform: "ensemble"\nmax_batch_size: 0\n' + CACHED + "\n"
+        'input [ { name: "VALUES" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
+        'output [ { name: "ONE" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'ensemble_scheduling { step [ { model_name: "repeat" model_version: -1 '
+        'input_map { key: "IN" value: "VALUES" } output_map { key: "OUT" value: "ONE" } } ] }\n')
+    with start_server(root, "--cache-config", "local,size=4096", "--model-control-mode",
+                      "explicit") as srv:
+        c = httpclient.InferenceServerClient(srv.http_url)
+        try:
+            with pytest.raises(InferenceServerException) as e:
+                c.load_model("streams")
+            assert "Response Cache does not currently support model streams with 'decoupled' " \
+                "transaction policy. Please disable the response cache." in e.value.message()
+        finally:
+            c.close()
