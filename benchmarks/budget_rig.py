@@ -27,7 +27,8 @@ from services.common import shm, transport_stream  # noqa: E402
 from services.common.config import parse_pbtxt  # noqa: E402
 from services.dataplane.client import DataPlane  # noqa: E402
 from services.frontend.settings import FrontendSettings  # noqa: E402
-from services.scheduler.main import Scheduler, SchedulerSettings  # noqa: E402
+from services.scheduler.main import Scheduler  # noqa: E402
+from services.scheduler.settings import SchedulerSettings  # noqa: E402
 from services.workers.backends.base import create_backend  # noqa: E402
 from services.workers.main import Worker  # noqa: E402
 from services.workers.results import ResultSender  # noqa: E402

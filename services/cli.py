@@ -173,7 +173,7 @@ def _cache_config(args: argparse.Namespace) -> tuple[str, dict[str, str]] | None
 
 
 def _scheduler_settings(args: argparse.Namespace, frontend_addr: str, worker_addr: str, host: str):
-    from services.scheduler.main import SchedulerSettings
+    from services.scheduler.settings import SchedulerSettings
     for r in args.model_repository:
         if not r.is_dir():
             raise SystemExit(f"error: failed to stat file {r}")

@@ -72,3 +72,11 @@ def sequence_echo(params: Mapping[str, Any]) -> dict[str, Any]:
     return {"sequence_id": params["sequence_id"],
             "sequence_start": params.get("sequence_start") is True,
             "sequence_end": params.get("sequence_end") is True}
+
+
+def deadlock_text(request_id: str) -> str:
+    """Triton's error when no step is left to run and no requested output is there."""
+    prefix = f"[request id: {request_id}] " if request_id else ""
+    return (f"{prefix}unexpected deadlock, at least one output is not set while no more "
+            "ensemble steps can be made")
+

@@ -55,6 +55,10 @@ from services.common.messages_ext import TraceUpdate as TraceUpdate
 from services.common.messages_hosts import HOST_HEARTBEAT_S as HOST_HEARTBEAT_S
 from services.common.messages_hosts import HOST_TIMEOUT_S as HOST_TIMEOUT_S
 from services.common.messages_hosts import HostHeartbeat, HostHello, SpawnWorker, StopWorker, WorkerExited
+from services.common.messages_stats import BatchStat as BatchStat
+from services.common.messages_stats import Duration as Duration
+from services.common.messages_stats import GetStats, Stats
+from services.common.messages_stats import ModelStat as ModelStat
 from services.common.msgbase import ErrorRecord
 from services.common.msgbase import Msg as _Msg
 from services.common.states import ModelState
@@ -250,13 +254,6 @@ class CheckReady(_Msg):
     version: int = 0
 
 
-class GetStats(_Msg):
-    """Statistics extension: every loaded version when ``model`` is empty."""
-    ctl_id: int
-    model: str = ""
-    version: int = -1              # -1: every ready version of the model
-
-
 # ---------------------------------------------------------------- scheduler -> frontend
 class InferResult(_Msg):
     req_id: int
@@ -327,44 +324,6 @@ class IndexEntry(_Msg):
 class Index(_Msg):
     ctl_id: int
     entries: list[IndexEntry]
-
-
-# msgspec lets a frozen Struct subclass a non-frozen one; mypy applies the dataclass rule
-class Duration(_Msg, frozen=True):  # type: ignore[misc]
-    count: int = 0
-    ns: int = 0
-
-
-class BatchStat(_Msg):
-    """Executions of one batch size: count = executions, ns = their cumulative time."""
-    batch_size: int
-    compute_input: Duration
-    compute_infer: Duration
-    compute_output: Duration
-
-
-class ModelStat(_Msg):
-    """One version's statistics, Triton's ModelStatistics field for field."""
-    name: str
-    version: str
-    last_inference: int = 0        # ms since the epoch
-    inference_count: int = 0       # rows (batch_size summed over successful requests)
-    execution_count: int = 0       # model executions (batches)
-    success: Duration = Duration()
-    fail: Duration = Duration()
-    queue: Duration = Duration()
-    compute_input: Duration = Duration()
-    compute_infer: Duration = Duration()
-    compute_output: Duration = Duration()
-    cache_hit: Duration = Duration()
-    cache_miss: Duration = Duration()
-    batch_stats: list[BatchStat] = []
-
-
-class Stats(_Msg):
-    ctl_id: int
-    stats: list[ModelStat] = []
-    error: ErrorRecord | None = None
 
 
 class ControlDone(_Msg):

@@ -29,7 +29,14 @@ from collections.abc import Callable
 from typing import Any
 
 from services.common import messages as m
-from services.common.ensemble_tensors import Tensors, answer_outputs, sequence_echo, step_inputs, take_outputs
+from services.common.ensemble_tensors import (
+    Tensors,
+    answer_outputs,
+    deadlock_text,
+    sequence_echo,
+    step_inputs,
+    take_outputs,
+)
 from services.common.errors import CANCELLED_TEXT, Code
 from services.common.states import ModelState
 from services.dataplane.direct import DirectPath, Route
@@ -171,11 +178,7 @@ class Chains:
         answers without one a step left out), or with none of them, its error."""
         present = [n for n in run.wanted if n in run.tensors]
         if not present:
-            rid = run.msg.request_id
-            self._fail(run, Code.INVALID_ARG,
-                       f"{f'[request id: {rid}] ' if rid else ''}unexpected deadlock, at least "
-                       "one output is not set while no more ensemble steps can be made",
-                       "OTHER")
+            self._fail(run, Code.INVALID_ARG, deadlock_text(run.msg.request_id), "OTHER")
             return
         outputs, frames, sent = answer_outputs(present, run.tensors)
         echo = sequence_echo(run.msg.parameters)

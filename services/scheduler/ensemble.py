@@ -26,7 +26,14 @@ from types import MappingProxyType
 from typing import Any
 
 from services.common import messages as m
-from services.common.ensemble_tensors import Tensors, answer_outputs, sequence_echo, step_inputs, take_outputs
+from services.common.ensemble_tensors import (
+    Tensors,
+    answer_outputs,
+    deadlock_text,
+    sequence_echo,
+    step_inputs,
+    take_outputs,
+)
 from services.common.errors import CANCELLED_TEXT, Code
 from services.scheduler.dispatch import Instance
 
@@ -239,9 +246,7 @@ class EnsembleQueue:
         if partial:   # a step left an output out: answer without it, as Triton does
             self._finish(run, partial[0])
         else:
-            self._finish(run, error=(Code.INVALID_ARG, f"{_log_prefix(run)}unexpected deadlock, "
-                                     "at least one output is not set while no more ensemble "
-                                     "steps can be made"))
+            self._finish(run, error=(Code.INVALID_ARG, deadlock_text(run.p.req.request_id)))
 
     def _answer(self, run: Run, branch: Branch, final: bool) -> set[tuple[str, int]]:
         """Send the requested outputs of ``branch``; returns the blocks that went out (the
@@ -297,8 +302,3 @@ class _Deferred:
 
     def __len__(self) -> int:
         return sum(len(d) for d in self.deferred)
-
-
-def _log_prefix(run: Run) -> str:
-    rid = run.p.req.request_id
-    return f"[request id: {rid}] " if rid else ""

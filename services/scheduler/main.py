@@ -28,8 +28,6 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -58,11 +56,11 @@ from services.scheduler.rate_limiter import RateLimiter
 from services.scheduler.response_cache import ResponseCache, make_cache
 from services.scheduler.routes import DirectRoutes, qualifies
 from services.scheduler.sequence import SequenceConfig, SequenceQueue
+from services.scheduler.settings import SchedulerSettings
 from services.scheduler.shm_regions import Registry
 from services.scheduler.state import LoadedModels
 from services.scheduler.stats import StatsRegistry
 from services.scheduler.status_table import status_table
-from services.scheduler.trace_config import TraceConfig
 from services.scheduler.trace_settings import TraceManager
 from services.scheduler.watchdog import execution_limit
 from services.scheduler.worker_side import Workers
@@ -70,61 +68,6 @@ from services.scheduler.worker_side import Workers
 log = logging.getLogger("trireme.scheduler")
 
 STEP_IDENTITY = b"\x00ensemble-steps"   # the "frontend" of ensemble steps: answers come back here
-
-
-@dataclass
-class SchedulerSettings:
-    repositories: list[Path]
-    frontend_addr: str
-    """ROUTER socket frontends connect to."""
-    worker_addr: str
-    """ROUTER socket workers connect to."""
-    control_mode: str = "none"
-    """none | explicit | poll (--model-control-mode)."""
-    load_models: list[str] = field(default_factory=list)
-    repository_poll_secs: float = 15.0
-    config_name: str | None = None
-    disable_autocomplete: bool = False
-    strict_readiness: bool = True
-    metrics_port: int = 8002
-    allow_metrics: bool = True
-    host: str = "0.0.0.0"
-    worker_args: list[str] = field(default_factory=list)
-    """Extra flags for every spawned worker (e.g. --no-shm)."""
-    rate_limit: str = "off"
-    """off | execution_count (--rate-limit)."""
-    rate_limit_resources: list[str] = field(default_factory=list)
-    """--rate-limit-resource name:count[:device], repeatable."""
-    execution_timeout_secs: float = 0.0
-    """--model-execution-timeout-secs: the watchdog's limit on one execution (0: off); a
-    model's `execution_timeout_secs` parameter overrides it (watchdog.py)."""
-    unload_timeout_secs: float = 30.0
-    """--model-unload-timeout-secs: how long an unload waits for the batches in flight."""
-    local_workers: bool = True
-    """Spawn workers here (`trireme serve`); False: only on worker hosts that connect."""
-    state_file: str = ""
-    """--model-state-file: the models loaded in explicit mode, kept across restarts."""
-    allow_client_shm: bool = False
-    """--allow-client-shm: clients may register shared-memory regions (shm_regions.py)."""
-    trace: TraceConfig | None = None
-    """--trace-config (and Triton's deprecated --trace-* flags): the start-up trace settings."""
-    metrics_config: list[str] = field(default_factory=list)
-    """--metrics-config <setting>=<value>, repeatable: Triton's counter_latencies,
-    histogram_latencies, summary_latencies, summary_quantiles (metrics_config.py)."""
-    metrics_interval_ms: int = 2000
-    """--metrics-interval-ms: how often the CPU and GPU metrics are read."""
-    allow_cpu_metrics: bool = True
-    """--allow-cpu-metrics: nv_cpu_* on /metrics (with --allow-metrics)."""
-    allow_gpu_metrics: bool = True
-    """--allow-gpu-metrics: nv_gpu_* on /metrics where NVML finds a GPU (with --allow-metrics)."""
-    model_namespacing: bool = False
-    """--model-namespacing: a model name may be in several repositories (lifecycle.py)."""
-    direct_path: bool = True
-    """Requests to versions with nothing to decide per request go from the frontend to a
-    worker directly (routes.py); False (--no-direct-path): every request comes here."""
-    cache: tuple[str, dict[str, str]] | None = None
-    """--cache-config (or --response-cache-byte-size): the response cache and its settings
-    (response_cache.py); None: no cache."""
 
 
 class Scheduler:
@@ -451,6 +394,10 @@ class Scheduler:
         counter = self._requests_from.get(identity)
         if counter is not None:
             counter[1] += 1
+        self._infer_guarded(identity, req, frames, shm_domain, entry)
+
+    def _infer_guarded(self, identity: bytes, req: m.InferRequest, frames: list[Any],
+                       shm_domain: str | None, entry: Any) -> None:
         try:
             self._infer(identity, req, frames, shm_domain, entry)
         except Exception as e:
@@ -498,12 +445,7 @@ class Scheduler:
                    shm_domain: str | None, entry: Any) -> None:
         """A request the (awaited) response cache did not have: queued now."""
         req.cache_key = b""
-        try:
-            self._infer(identity, req, frames, shm_domain, entry)
-        except Exception as e:
-            log.exception("request %d for model '%s' could not be queued", req.req_id, req.model)
-            self._fail_req(identity, req, Code.INTERNAL,
-                           f"the request could not be queued: {type(e).__name__}: {e}")
+        self._infer_guarded(identity, req, frames, shm_domain, entry)
 
     def _cancel(self, identity: bytes, msg: m.Cancel) -> None:
         """Callers gone: a queued request leaves its queue and gets its one final answer,

@@ -109,7 +109,6 @@ class Entry:
 class LocalCache:
     """Triton's local cache: one budget of ``size`` bytes, LRU (a lookup or an insert makes
     an entry the most recent)."""
-    asynchronous = False
 
     def __init__(self, size: int) -> None:
         self.size = size

@@ -109,7 +109,6 @@ def _atoi(text: str) -> int:
 
 class RedisCache:
     """A ResponseCache backend whose lookups and insertions are awaited."""
-    asynchronous = True
 
     def __init__(self, options: dict[str, Any], prefix: str, wait_s: float = 1.0) -> None:
         self._options = options
