@@ -17,6 +17,16 @@ except ImportError:  # titles are a convenience, never a requirement
 
 _PR_SET_PDEATHSIG = 1
 
+# SIGTERM to SIGKILL, for every worker stop (an unload's, a restart's, a worker host's) and
+# for the worker's own guard (services/workers/main.py), which ends it this long after a
+# SIGTERM whoever sent it. A worker that obeys closes in well under a second (finalize(),
+# Goodbye to its frontends, sockets and segments); past that it is a model that does not
+# cooperate (it swallows the SystemExit, or is stuck in native code) and no wait helps. 3 s
+# leaves a finalize() that really works (flushing, freeing a device) its time and keeps
+# an unload or a shutdown from waiting on a hung model. The time work in flight gets is
+# another setting: --model-unload-timeout-secs, --exit-timeout-secs.
+TERM_GRACE_S = 3.0
+
 
 # The hot paths allocate a few hundred short-lived objects per request; with the default
 # threshold (700) the collector runs every few requests and its full passes walk every

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Awaitable, Callable
 
 from services.common import shm
+from services.common.procutil import TERM_GRACE_S
 
 log = logging.getLogger("trireme.supervisor")
 
@@ -72,7 +73,7 @@ class ProcessHandle:
         reaches ``on_exit`` as any other; stop() after it waits for the reaping."""
         self.signal(signal.SIGKILL)
 
-    async def stop(self, timeout: float = 10.0) -> None:
+    async def stop(self, timeout: float = TERM_GRACE_S) -> None:
         """SIGTERM, then SIGKILL after ``timeout``; returns once the child is reaped."""
         if self.stopping and self._waiter is not None:   # a stop is already under way
             await asyncio.shield(self._waiter)

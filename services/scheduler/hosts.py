@@ -23,6 +23,7 @@ from typing import Any
 from services.common import logsettings, shm
 from services.common import messages as m
 from services.common.errors import Code, TriremeError
+from services.common.procutil import TERM_GRACE_S
 from services.common.supervisor import ProcessHandle
 from services.scheduler.dispatch import Instance
 
@@ -98,7 +99,7 @@ class RemoteProcess:
         if self.alive():
             self.host.send(m.StopWorker(self.worker_id, kill=True))
 
-    async def stop(self, timeout: float = 10.0) -> None:
+    async def stop(self, timeout: float = TERM_GRACE_S) -> None:
         self.stopping = True
         if not self.alive():
             return

@@ -239,7 +239,7 @@ class Workers:
         finally:
             self._spawning.pop(inst.worker_id, None)
         if reply.error is not None:
-            await handle.stop(5.0)
+            await handle.stop()
             raise TriremeError(reply.error.code, reply.error.message)
         inst.loaded = True
         inst.probe = reply.probe

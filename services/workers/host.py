@@ -23,12 +23,10 @@ import sys
 
 from services.common import logsettings, shm, transport
 from services.common import messages as m
-from services.common.procutil import set_title
+from services.common.procutil import TERM_GRACE_S, set_title
 from services.common.supervisor import ProcessHandle
 
 log = logging.getLogger("trireme.host")
-
-STOP_ALL_S = 10.0   # SIGTERM to SIGKILL when the host itself stops, or loses the scheduler
 
 
 class WorkerHost:
@@ -123,7 +121,7 @@ class WorkerHost:
         self._send(m.WorkerExited(worker_id, h.pid, code))
 
     async def _stop_all(self) -> None:
-        await asyncio.gather(*(h.stop(STOP_ALL_S) for h in list(self.workers.values())))
+        await asyncio.gather(*(h.stop(TERM_GRACE_S) for h in list(self.workers.values())))
 
     async def _reintroduce(self) -> None:
         await self._stop_all()

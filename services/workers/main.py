@@ -38,7 +38,7 @@ from services.common.datatypes import (
     serialize_bytes_tensor,
 )
 from services.common.errors import Code, TriremeError, load_failed_text
-from services.common.procutil import die_with_parent, set_title, tune_gc
+from services.common.procutil import TERM_GRACE_S, die_with_parent, set_title, tune_gc
 from services.common.shm import DEFAULT_INLINE_THRESHOLD, Arena, SegmentMap, ShmUnavailable
 from services.common.trace import stamp_results
 from services.workers import warmup
@@ -528,13 +528,17 @@ def main(argv: list[str] | None = None) -> int:
     worker = Worker(args.scheduler, args.worker_id, args.inline_threshold, not args.no_shm)
 
     def on_term(signum, frame):
+        # SystemExit wherever the main thread is (every handler around a model's code lets
+        # it through), so the worker closes as usual: finalize(), Goodbye to its frontends.
         # Cleanup runs once, in the finally below: close() takes locks a second signal
-        # arriving inside it could never re-enter.
+        # arriving inside it could never re-enter. A model that swallows the SystemExit, or
+        # a close() that hangs, is ended by the guard TERM_GRACE_S later.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        arm_guard()
         raise SystemExit(0)
 
+    arm_guard = _exit_if_stuck_after_term()
     signal.signal(signal.SIGTERM, on_term)
-    _exit_if_stuck_after_term()
     tune_gc()
     try:
         worker.run()
@@ -543,16 +547,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-# A model stuck in native code (a deadlocked lock, a hung driver call) never hands the main
-# thread back to the interpreter, so on_term never runs. The supervisor SIGKILLs such a
-# worker when its stop timeout ends, but after a kill -9 of the scheduler (the SIGTERM came
-# from PR_SET_PDEATHSIG) nobody would: the C-level handler also writes the signal number to
-# a wakeup fd, and a thread waiting on it ends the process this long after a SIGTERM.
-_TERM_GRACE_S = 10.0
 _REPORTED = -1   # _first_at: the first response was told in a BatchDone
 
 
-def _exit_if_stuck_after_term() -> None:
+# SIGTERM is obeyed whatever the model does. The handler (on_term) raises SystemExit, which
+# ends a worker at once unless the model's own code catches it (`except BaseException`) or
+# the main thread never returns to the interpreter (a model stuck in native code: a
+# deadlocked lock, a hung driver call). For those, a thread ends the process TERM_GRACE_S
+# after the SIGTERM: the C-level handler writes the signal number to a wakeup fd (also when
+# no Python code runs), and on_term writes it too (also when a model took the wakeup fd for
+# its own). Whoever stops a worker SIGKILLs it after the same grace, but after a kill -9 of
+# the scheduler (the SIGTERM came from PR_SET_PDEATHSIG) nobody would.
+def _exit_if_stuck_after_term() -> Callable[[], None]:
+    """Start the guard; returns what on_term calls to arm it."""
     from services.common.shm import unlink_segments_of
     r, w = os.pipe()
     os.set_blocking(w, False)
@@ -561,13 +568,20 @@ def _exit_if_stuck_after_term() -> None:
     def guard() -> None:
         while os.read(r, 1)[0] != signal.SIGTERM:   # (a model's own handlers write here too)
             pass
-        time.sleep(_TERM_GRACE_S)
-        log.error("still running %.0f s after SIGTERM (stuck outside Python?): exiting",
-                  _TERM_GRACE_S)
+        time.sleep(TERM_GRACE_S)
+        log.error("still running %.0f s after SIGTERM (the model ignores it, or is stuck "
+                  "outside Python): exiting", TERM_GRACE_S)
         unlink_segments_of(os.getpid())
         os._exit(1)
 
+    def arm() -> None:
+        try:
+            os.write(w, bytes([signal.SIGTERM]))
+        except OSError:   # the pipe is full: the guard has a byte to read already
+            pass
+
     threading.Thread(target=guard, name="trireme-term-guard", daemon=True).start()
+    return arm
 
 
 if __name__ == "__main__":

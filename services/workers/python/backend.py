@@ -51,8 +51,9 @@ _MODEL_DIR_VAR = "$$TRITON_MODEL_DIRECTORY"
 # The worker's SIGTERM handler raises SystemExit wherever the main thread is, often inside a
 # model's execute(): these pass every handler around the model's code, so an unload or a
 # shutdown stops a busy worker at once instead of turning into one failed batch (and a worker
-# that ignores the next SIGTERM). A model that calls sys.exit() ends its worker, which the
-# supervisor restarts.
+# that ignores the next SIGTERM). A model that catches them itself cannot be stopped from
+# here: the worker's guard ends it TERM_GRACE_S later (services/workers/main.py). A model
+# that calls sys.exit() ends its worker, which the supervisor restarts.
 _STOP = (SystemExit, KeyboardInterrupt)
 
 # reply(index, outputs | None, error | None, final): the worker's thread-safe send
