@@ -90,6 +90,17 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-unload-timeout-secs", type=_secs, default=30.0,
                    help="how long an unload (or reload) waits for the model's executions in "
                         "flight; an instance still executing then is killed")
+    p.add_argument("--model-memory-budget", type=_bytes, default=0, metavar="BYTES",
+                   help="explicit mode: the bytes the models' instances may hold on each worker "
+                        "host (each worker's size measured after load and warmup; suffixes K, M, "
+                        "G, Ki, Mi, Gi); a load makes room by unloading the least recently used "
+                        "idle models; 0: no budget")
+    p.add_argument("--model-load-on-demand", type=parse_bool, default=False,
+                   help="explicit mode: an inference request for a model the repository holds "
+                        "and that is not loaded loads it, and waits for it")
+    p.add_argument("--model-load-on-demand-timeout-secs", type=_secs, default=60.0,
+                   help="how long a request waits for its model's load on demand (or for room "
+                        "in --model-memory-budget) before it fails UNAVAILABLE")
     p.add_argument("--model-state-file", type=Path, default=None,
                    help="explicit mode: keep the loaded models (and their load parameters) in "
                         "this file, and load them again when the scheduler restarts")
@@ -138,6 +149,36 @@ def _interval_ms(v: str) -> int:
     if ms <= 0:
         raise argparse.ArgumentTypeError(f"expected a number of milliseconds > 0, got '{v}'")
     return ms
+
+
+_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+          "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+
+
+def _bytes(v: str) -> int:
+    """A byte count: 1073741824, 1G, 1Gi, 512Mi (a trailing "B" allowed)."""
+    t = v.strip().lower().removesuffix("b")
+    digits = t.rstrip("kmgti")
+    try:
+        n = float(digits) * _UNITS[t[len(digits):]]
+    except (ValueError, KeyError):
+        n = -1
+    if not 0 <= n < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of bytes >= 0 (suffixes K, M, G, "
+                                         f"Ki, Mi, Gi), got '{v}'")
+    return int(n)
+
+
+def _memory(args: argparse.Namespace):
+    """--model-memory-budget and --model-load-on-demand: explicit mode only (the other modes
+    load every model of the repository, which a budget could not hold)."""
+    from services.scheduler.memory import MemorySettings
+    if (args.model_memory_budget or args.model_load_on_demand) and \
+            args.model_control_mode != "explicit":
+        which = "--model-memory-budget" if args.model_memory_budget else "--model-load-on-demand"
+        raise SystemExit(f"error: {which} needs --model-control-mode=explicit")
+    return MemorySettings(args.model_memory_budget, args.model_load_on_demand,
+                          args.model_load_on_demand_timeout_secs)
 
 
 def _secs(v: str) -> float:
@@ -195,6 +236,7 @@ def _scheduler_settings(args: argparse.Namespace, frontend_addr: str, worker_add
         metrics_config=args.metrics_config, metrics_interval_ms=args.metrics_interval_ms,
         allow_cpu_metrics=args.allow_cpu_metrics, allow_gpu_metrics=args.allow_gpu_metrics,
         model_namespacing=args.model_namespacing, direct_path=args.direct_path, cache=cache,
+        memory=_memory(args),
         worker_args=(["--no-shm"] if getattr(args, "no_shm", False) else [])
         + ["--inline-threshold", str(args.inline_threshold)])
 

@@ -226,6 +226,7 @@ class Cancel(_Msg):
 class GetModelInfo(_Msg):
     ctl_id: int
     model: str
+    load: bool = False             # for an inference request: load the model on demand
 
 
 class GetIndex(_Msg):
@@ -312,6 +313,7 @@ class ModelInfo(_Msg):
     cache: bool = False            # requests are looked up in the response cache (their key)
     split: dict[int, int] = {}     # version -> weight for requests naming none (canary.py)
     sticky: str = ""               # the request parameter whose value keeps a request's version
+    loadable: bool = False         # not loaded; an inference request loads it (on demand)
 
 
 class IndexEntry(_Msg):
@@ -404,6 +406,7 @@ class ModelLoaded(_Msg):
     probe: bool = False            # the backend answers ProbeReady with a check of its own
     metrics: list[MetricFamilyRecord] | None = None
     cancellable: bool = False      # the worker reads Cancel on its CANCEL_CHANNEL
+    resident_bytes: int = 0        # the worker's proportional set size after load and warmup
 
 
 # A worker whose model can stop early (a Python model asking is_cancelled()) opens a second

@@ -79,7 +79,8 @@ class DataPlane:
         self._inflight: dict[int, list[Any]] = {}
         # req_id -> its response cache key, of every looked-up request until its final answer
         self._cache_keys: dict[int, bytes] = {}
-        self.models = ModelCache(lambda model: self._call(m.GetModelInfo(next(self._ids), model)))
+        self.models = ModelCache(lambda model, load: self._call(
+            m.GetModelInfo(next(self._ids), model, load)))
         self._streams: dict[int, list[Any]] = {}      # preserve_ordering state per stream
         self._scheduler_ready = False
         # True until the scheduler is reached, and from a broken connection until it is

@@ -23,11 +23,12 @@ from services.dataplane.validation import resolve_version
 
 
 class ModelCache:
-    def __init__(self, fetch: Callable[[str], Awaitable[m.ModelInfo]]) -> None:
-        self._fetch_one = fetch                  # GetModelInfo, answered by the scheduler
+    def __init__(self, fetch: Callable[[str, bool], Awaitable[m.ModelInfo]]) -> None:
+        self._fetch_one = fetch                  # GetModelInfo(model, load), answered by the scheduler
         self.infos: dict[str, m.ModelInfo] = {}
         self._configs: dict[str, dict] = {}      # config_json, parsed once
         self._fetches: dict[str, asyncio.Task] = {}
+        self._demands: dict[str, asyncio.Future] = {}   # on-demand loads asked for, by model
         self._generation = 0
 
     def get(self, model: str) -> m.ModelInfo | None:
@@ -56,7 +57,7 @@ class ModelCache:
     async def _fetch(self, model: str) -> m.ModelInfo:
         gen = self._generation
         try:
-            info = await self._fetch_one(model)
+            info = await self._fetch_one(model, False)
         finally:
             del self._fetches[model]
         if gen == self._generation:   # no change raced with the fetch
@@ -74,10 +75,19 @@ class ModelCache:
             self.infos.clear()
             self._configs.clear()
 
-    async def ready_info(self, model: str, version: str) -> tuple[m.ModelInfo, int]:
+    async def ready_info(self, model: str, version: str, load: bool = False
+                         ) -> tuple[m.ModelInfo, int]:
         """``model``'s info and the version ``version`` names; raises the scheduler's error
-        (unknown model, no such version ready)."""
+        (unknown model, no such version ready). ``load``: a model the scheduler would load
+        on demand is loaded first (one load asked for per model, whoever waits for it)."""
         info = await self.info(model)
+        if info.loadable and load:   # (the scheduler says so only while none is READY)
+            demand = self._demands.get(model)
+            if demand is None:
+                demand = self._demands[model] = asyncio.ensure_future(self._fetch_one(model, True))
+                demand.add_done_callback(lambda _t: self._demands.pop(model, None))
+                demand.add_done_callback(_retrieved)
+            info = await asyncio.shield(demand)
         if info.error is not None:
             raise error_from(info.error)
         return info, resolve_version(info, version)
@@ -85,8 +95,9 @@ class ModelCache:
     async def serving(self, model: str, version: str, parameters: dict[str, Any]
                       ) -> tuple[m.ModelInfo, int]:
         """The info and the version a request runs on: the version it names; naming none,
-        one of the model's canary split (canary.py) or else the default."""
-        info, v = await self.ready_info(model, version)
+        one of the model's canary split (canary.py) or else the default. A model loaded on
+        demand (--model-load-on-demand) is loaded first."""
+        info, v = await self.ready_info(model, version, load=True)
         if not version and info.split:
             key = parameters.get(info.sticky) if info.sticky else None
             chosen = choose(info.split, [n for n, s in info.versions.items()

@@ -22,7 +22,7 @@ from services.common import logsettings
 from services.common import messages as m
 from services.common.errors import Code, LoadFailed, TriremeError, explicit_load_failed, poll_failed
 from services.common.states import ModelState
-from services.scheduler.metrics import cluster_families
+from services.scheduler.metrics import cluster_families, memory_families
 
 if TYPE_CHECKING:
     from services.scheduler.hosts import Hosts
@@ -83,8 +83,15 @@ class ControlPlane:
         self._broadcast_workers(parts)
 
     def cluster_metrics(self) -> list[str]:
+        memory = self._models.memory
+        resident: dict[tuple[str, int], int] = {}
+        for key, e in self._models.models.items():
+            for i in e.instances:
+                if i.loaded:
+                    resident[(key, i.version)] = resident.get((key, i.version), 0) + i.resident_bytes
         return cluster_families({addr: n for addr, n in self._requests_from.values()},
-                                {h.name: h.instances for h in self._hosts.all()})
+                                {h.name: h.instances for h in self._hosts.all()}) + \
+            memory_families(memory.loads, memory.evictions, resident)
 
     def ready_versions(self) -> list[tuple[str, int]]:
         """(model, version) of every READY version, sorted: what statistics and metrics show."""

@@ -63,6 +63,7 @@ class Instance:
     direct_addr: str = ""      # its worker's direct listener ("": none; routes.py)
     epoch: int = 0             # its route's epoch while frontends may send to it directly
     revoking: bool = False     # its route was withdrawn and its worker has not said EpochSet
+    resident_bytes: int = 0    # its worker's size after load and warmup (memory.py)
 
     @property
     def busy(self) -> bool:

@@ -22,6 +22,11 @@ READY, LOADING, UNAVAILABLE, UNLOADING = (ModelState.READY, ModelState.LOADING,
                                           ModelState.UNAVAILABLE, ModelState.UNLOADING)
 
 
+def is_unloaded(reason: str) -> bool:
+    """A version's reason says it was unloaded (by a request, or evicted: memory.py)."""
+    return reason.startswith("unloaded")
+
+
 @dataclass
 class VersionState:
     version: int

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -47,7 +48,17 @@ from services.scheduler.ensemble_config import (
     validate_ensemble,
     validate_steps,
 )
-from services.scheduler.entries import READY, UNAVAILABLE, UNLOADING, ModelEntry, VersionState, model_info
+from services.scheduler.entries import (
+    LOADING,
+    READY,
+    UNAVAILABLE,
+    UNLOADING,
+    ModelEntry,
+    VersionState,
+    is_unloaded,
+    model_info,
+)
+from services.scheduler.memory import EVICTED_REASON, MemorySettings, ModelMemory
 from services.scheduler.namespaces import ModelNames
 from services.scheduler.queues import SchedulingQueue
 from services.scheduler.recovery import InstanceRecovery
@@ -77,7 +88,8 @@ class ModelManager:
                  execution_timeout_s: float = 0.0, unload_timeout_s: float = UNLOAD_TIMEOUT_S,
                  call_later: Callable[[float, Callable[[], None]], Any] | None = None,
                  clock: Callable[[], int] = time.monotonic_ns,
-                 wait_for_host: Callable | None = None, namespacing: bool = False) -> None:
+                 wait_for_host: Callable | None = None, namespacing: bool = False,
+                 memory: MemorySettings | None = None) -> None:
         self.repositories = repositories
         # --model-namespacing: models are keyed "<repository>::<name>" (namespaces.py)
         self.namespacing = namespacing
@@ -111,6 +123,9 @@ class ModelManager:
         self.retirement = Retirement(self.models, self._starting, self.watchdog,
                                      stop_instance=stop_instance, withdraw=withdraw,
                                      announce=announce, unload_timeout_s=unload_timeout_s)
+        # --model-memory-budget, --model-load-on-demand: loads within a budget (memory.py)
+        self.memory = ModelMemory(memory or MemorySettings(), self.models,
+                                  evict=lambda key: self._unload(key, EVICTED_REASON))
         self.recovery = InstanceRecovery(self.models, self.retirement,
                                          spawn_instance=spawn_instance, changed=self.changed,
                                          restart_backoff_s=restart_backoff_s,
@@ -227,7 +242,9 @@ class ModelManager:
             if cfg.HasField("ensemble_scheduling"):
                 cfg = await self._start_ensemble(new, cfg, versions)
             else:
-                cfg = await self._start_instances(new, cfg, versions)
+                count = len(versions) * max(1, sum(g.count for g in cfg.instance_group))
+                cfg = await self.memory.load(key, name, count, functools.partial(
+                    self._start_instances, new, cfg, versions))
         except TriremeError as e:
             await self.retirement.stop_all(new)
             drop_override(new)
@@ -256,6 +273,31 @@ class ModelManager:
         log.info("successfully loaded '%s'", name)
         if previous is not None and previous is not new:
             await self.retirement.retire(previous, "unloaded")
+        if self.memory.budget and new.instances:
+            await self.memory.settle(key)
+
+    def loadable(self, name: str) -> str | None:
+        """The key an inference request for ``name`` loads on demand
+        (--model-load-on-demand), or waits for while it loads: a model the repository holds
+        that has no READY version; None otherwise."""
+        if not self.memory.settings.on_demand or self.retirement.closing:
+            return None
+        e = self.lookup(name)
+        # (never loaded, unloaded, evicted or loading now; not one whose load failed: no
+        # retry per request)
+        if e is not None and not (e.versions and all(
+                v.state == LOADING or v.state == UNAVAILABLE and is_unloaded(v.reason)
+                for v in e.versions.values()) or not e.versions and e.state is None):
+            return None
+        key = e.key if e is not None else name
+        return key if key in self.scan() else None
+
+    async def demand(self, key: str) -> None:
+        """Load ``key`` for the requests that name it (ModelMemory.demand bounds the wait)."""
+        async def load() -> None:
+            self._explicit.add(key)
+            await self._ensure_loaded(key)
+        await self.memory.demand(key, self.split_key(key)[0], load)
 
     def _set_failed(self, entry: ModelEntry, reason: str) -> None:
         log.error("failed to load '%s': %s", entry.name, reason)
@@ -392,7 +434,7 @@ class ModelManager:
             key in e.composing for e in self.models.values() if e.versions and e.config is not None
             and any(v.state != UNAVAILABLE for v in e.versions.values()))
 
-    async def _unload(self, key: str) -> None:
+    async def _unload(self, key: str, reason: str = "unloaded") -> None:
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
             e = self.models.get(key)
@@ -402,12 +444,12 @@ class ModelManager:
                 vs.state = UNLOADING
             e.info = None
             self.changed([key])
-            await self.retirement.retire(e, "unloaded")
+            await self.retirement.retire(e, reason)
             for v in sorted(e.versions):
                 log.info("successfully unloaded '%s' version %d", e.name, v)
             path = e.path if e.override_dir is None else None   # scan() finds the repository's
             self.models[key] = ModelEntry(e.name, path, namespace=e.namespace, versions={
-                v: VersionState(v, UNAVAILABLE, "unloaded") for v in e.versions})
+                v: VersionState(v, UNAVAILABLE, reason) for v in e.versions})
             self.changed([key])
 
     async def poll(self) -> None:

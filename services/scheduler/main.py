@@ -48,6 +48,7 @@ from services.scheduler.control_side import ControlPlane
 from services.scheduler.dispatch import Pending, VersionQueue, log_request
 from services.scheduler.ensemble import EnsembleQueue
 from services.scheduler.ensemble_config import step_order
+from services.scheduler.entries import is_unloaded
 from services.scheduler.hosts import Hosts, LocalHost
 from services.scheduler.lifecycle import ModelManager
 from services.scheduler.metrics import Metrics
@@ -115,7 +116,7 @@ class Scheduler:
             execution_timeout_s=settings.execution_timeout_secs,
             unload_timeout_s=settings.unload_timeout_secs,
             wait_for_host=lambda inst, give_up: self.workers.wait_for_host(inst, give_up),
-            namespacing=settings.model_namespacing)
+            namespacing=settings.model_namespacing, memory=settings.memory)
         # The worker socket and the instances' processes (worker_side.py)
         self.workers = Workers(
             send=lambda identity, parts: self.wsock.send(identity, parts), relay=self._relay,
@@ -328,6 +329,23 @@ class Scheduler:
             # Starting (or restarted): nothing is "unknown" or "unavailable" for good yet.
             err = still_loading(msg.model)
             info = m.ModelInfo(0, msg.model, error=m.ErrorRecord(int(err.code), err.message))
+        elif ModelState.READY not in info.versions.values() and \
+                (key := self.models.loadable(msg.model)) is not None:
+            if msg.load:   # an inference request: answered once the model is loaded
+                asyncio.get_running_loop().create_task(self._load_then_info(identity, msg, key))
+                return
+            info = msgspec.structs.replace(info, loadable=True)
+        self._send_info(identity, msg, info)
+
+    async def _load_then_info(self, identity: bytes, msg: m.GetModelInfo, key: str) -> None:
+        try:
+            await self.models.demand(key)
+            info = self.models.info(msg.model)
+        except TriremeError as e:
+            info = m.ModelInfo(0, msg.model, error=m.ErrorRecord(int(e.code), e.message))
+        self._send_info(identity, msg, info)
+
+    def _send_info(self, identity: bytes, msg: m.GetModelInfo, info: m.ModelInfo) -> None:
         entry = self.models.lookup(msg.model)
         self._send_frontend(identity, msgspec.structs.replace(
             info, ctl_id=msg.ctl_id, shm=self._shares_memory(identity, msg.model),
@@ -377,7 +395,7 @@ class Scheduler:
         # Strict readiness: every model that should be loaded is.
         return all(any(v.state == ModelState.READY for v in e.versions.values())
                    for e in self.models.models.values() if e.versions and
-                   any(v.reason != "unloaded" for v in e.versions.values()))
+                   not all(is_unloaded(v.reason) for v in e.versions.values()))
 
     def _changed(self, names: list[str], dead_pids: list[int] | None = None,
                  exits: dict[str, m.ErrorRecord] | None = None) -> None:
@@ -412,7 +430,10 @@ class Scheduler:
             entry = self.models.lookup(req.model)
         vs = entry.ready_version(req.version) if entry is not None else None
         if vs is None or vs.queue is None:
-            if entry is None:
+            if self.ready and (key := self.models.loadable(req.model)) is not None:
+                asyncio.get_running_loop().create_task(
+                    self._load_then_infer(identity, req, frames, shm_domain, key))
+            elif entry is None:
                 err = unknown_model(req.model) if self.ready else still_loading(req.model)
                 self._fail_req(identity, req, err.code, err.message)
             else:
@@ -440,6 +461,17 @@ class Scheduler:
             vs.queue.enqueue(p)
         except TriremeError as e:    # the queue is full
             self._fail(p, e.code, log_request(req.request_id, e.message), "REJECTED")
+
+    async def _load_then_infer(self, identity: bytes, req: m.InferRequest, frames: list[Any],
+                               shm_domain: str | None, key: str) -> None:
+        """A request for a model loaded on demand (one a direct route refused as it was
+        evicted, or one sent before its frontend knew): queued once it is loaded."""
+        try:
+            await self.models.demand(key)
+        except TriremeError as e:
+            self._fail_req(identity, req, e.code, e.message)
+            return
+        self._infer_guarded(identity, req, frames, shm_domain, None)
 
     def _looked_up(self, identity: bytes, req: m.InferRequest, frames: list[Any],
                    shm_domain: str | None, entry: Any) -> None:

@@ -305,3 +305,22 @@ def _num(v: float) -> str:
     if math.isinf(f):
         return "+Inf" if f > 0 else "-Inf"
     return str(int(f)) if f.is_integer() else repr(f)
+
+
+def memory_families(loads: dict[str, int], evictions: dict[str, int],
+                    resident: dict[tuple[str, int], int]) -> list[str]:
+    """Trireme's own, for memory-aware serving (memory.py): how often each model loaded and
+    was evicted, and what its loaded versions hold (their workers' size after load)."""
+    out = ["# HELP trireme_model_loads_total Loads of each model (by request, at start-up or "
+           "on demand)", "# TYPE trireme_model_loads_total counter"]
+    out += [f'trireme_model_loads_total{{model="{_escape(k)}"}} {n}' for k, n in sorted(loads.items())]
+    out += ["# HELP trireme_model_evictions_total Unloads of each model to fit the model memory "
+            "budget", "# TYPE trireme_model_evictions_total counter"]
+    out += [f'trireme_model_evictions_total{{model="{_escape(k)}"}} {n}'
+            for k, n in sorted(evictions.items())]
+    out += ["# HELP trireme_model_resident_bytes Bytes the instances of each loaded model version "
+            "hold (their workers' proportional set size after load and warmup)",
+            "# TYPE trireme_model_resident_bytes gauge"]
+    out += [f'trireme_model_resident_bytes{{model="{_escape(k)}",version="{v}"}} {n}'
+            for (k, v), n in sorted(resident.items())]
+    return out

@@ -22,7 +22,7 @@ from typing import Any
 
 from services.common.errors import TriremeError, ambiguous_model
 from services.common.repository import model_key
-from services.scheduler.entries import ModelEntry
+from services.scheduler.entries import ModelEntry, is_unloaded
 
 
 class ModelNames:
@@ -64,7 +64,7 @@ class ModelNames:
             return e
         known = [e for k in self._keys.get(name, ()) if (e := self.models.get(k)) is not None
                  and (e.state is not None or e.versions)]
-        live = [e for e in known if not all(v.reason == "unloaded" for v in e.versions.values())]
+        live = [e for e in known if not all(is_unloaded(v.reason) for v in e.versions.values())]
         if len(live) > 1:
             raise ambiguous_model(name, len(live))
         return live[0] if live else (known[0] if known else None)

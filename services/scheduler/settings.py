@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.scheduler.memory import MemorySettings
 from services.scheduler.trace_config import TraceConfig
 
 
@@ -61,3 +62,5 @@ class SchedulerSettings:
     cache: tuple[str, dict[str, str]] | None = None
     """--cache-config (or --response-cache-byte-size): the response cache and its settings
     (response_cache.py); None: no cache."""
+    memory: MemorySettings = field(default_factory=MemorySettings)
+    """--model-memory-budget, --model-load-on-demand and its timeout (memory.py)."""

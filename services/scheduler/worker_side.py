@@ -243,6 +243,7 @@ class Workers:
             raise TriremeError(reply.error.code, reply.error.message)
         inst.loaded = True
         inst.probe = reply.probe
+        inst.resident_bytes = reply.resident_bytes
         inst.cancellable = reply.cancellable
         self.by_pid[inst.pid] = inst
         self.by_id[inst.worker_id] = inst

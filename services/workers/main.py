@@ -38,7 +38,7 @@ from services.common.datatypes import (
     serialize_bytes_tensor,
 )
 from services.common.errors import Code, TriremeError, load_failed_text
-from services.common.procutil import TERM_GRACE_S, die_with_parent, set_title, tune_gc
+from services.common.procutil import TERM_GRACE_S, die_with_parent, resident_bytes, set_title, tune_gc
 from services.common.shm import DEFAULT_INLINE_THRESHOLD, Arena, SegmentMap, ShmUnavailable
 from services.common.trace import stamp_results
 from services.workers import warmup
@@ -205,7 +205,8 @@ class Worker:
                 backend.cancels.listen(self.scheduler_addr, self.worker_id)
             reply = m.ModelLoaded(self.worker_id, config=backend.config.SerializeToString(),
                                   probe=backend.probes_ready, metrics=backend.take_metrics(),
-                                  cancellable=backend.cancels is not None)
+                                  cancellable=backend.cancels is not None,
+                                  resident_bytes=resident_bytes())
         except TriremeError as e:
             reply = m.ModelLoaded(self.worker_id, error=m.ErrorRecord(int(e.code), e.message))
         except Exception as e:  # a framework's own load error
