@@ -23,7 +23,7 @@ from aiohttp import web
 
 from services.scheduler.metrics_config import FIRST_RESPONSE, MetricsOptions
 from services.scheduler.metrics_host import HostMetrics
-from services.scheduler.metrics_latency import SUMMARIES
+from services.scheduler.metrics_latency import CACHE_SUMMARIES, SUMMARIES
 from services.scheduler.stats import BATCH_BUCKETS, StatsRegistry, VersionStats
 
 log = logging.getLogger("trireme.metrics")
@@ -82,6 +82,12 @@ SUMMARY_FAMILIES = (
     ("nv_inference_compute_output_summary_us",
      "Cumulative inference compute output duration in microseconds (does not include cached "
      "requests)"),
+)
+CACHE_SUMMARY_FAMILIES = (
+    ("nv_cache_hit_summary_per_model",
+     "Summary of cache hit counts/durations per model, in microseconds."),
+    ("nv_cache_miss_summary_per_model",
+     "Summary of cache miss counts/durations per model, in microseconds."),
 )
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 # Triton's per-model response cache counters, for the versions whose requests are looked up
@@ -217,10 +223,16 @@ def _labels(name: str, namespace: str, version: int, s: VersionStats) -> str:
 
 def _summaries(rows: list, labels: dict, qs: list[float], now_ns: int) -> list[str]:
     out: list[str] = []
-    for which, (name, text) in zip(SUMMARIES, SUMMARY_FAMILIES):
+    cached = [r for r in rows if r[1].cached]
+    for which, (name, text), among in [*((w, f, rows) for w, f in zip(SUMMARIES, SUMMARY_FAMILIES)),
+                                       *((w, f, cached) for w, f in zip(CACHE_SUMMARIES,
+                                                                        CACHE_SUMMARY_FAMILIES))]:
+        if not among:
+            continue
         out += [f"# HELP {name} {text}", f"# TYPE {name} summary"]
-        for key, s in rows:
-            if s.latency is None or s.latency.summaries is None:
+        for key, s in among:
+            # (Triton: no request summary for a model with a cache, its hits would mislead)
+            if s.latency is None or s.latency.summaries is None or which == "request" and s.cached:
                 continue
             sm, lab = s.latency.summaries[which], labels[key]
             out += [f"{name}_count{{{lab}}} {sm.count}", f"{name}_sum{{{lab}}} {sm.sum}"]

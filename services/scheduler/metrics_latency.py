@@ -36,6 +36,8 @@ _LOG_GAMMA = math.log(_GAMMA)
 _NBINS = int(math.ceil(math.log(2.0 ** 42) / _LOG_GAMMA)) + 2   # 0 µs .. 51 days
 # Summaries: family suffix -> what each request is charged, in Triton's order.
 SUMMARIES = ("request", "queue", "compute_input", "compute_infer", "compute_output")
+# and, for the versions whose requests are looked up in the response cache, Triton's two more
+CACHE_SUMMARIES = ("cache_hit", "cache_miss")
 
 
 def _bins(values: np.ndarray) -> np.ndarray:
@@ -118,7 +120,7 @@ class LatencyRecorder:
     """One version's raw observations (``records``, ``streamed``, ``answers``, ``firsts``)
     and what they fold into: the first-response histogram (``first``) and the five summaries
     (``summaries``)."""
-    __slots__ = ("answers", "first", "firsts", "records", "streamed", "summaries")
+    __slots__ = ("answers", "cache", "first", "firsts", "records", "streamed", "summaries")
 
     def __init__(self, first_bounds: tuple[float, ...] | None, summaries: bool) -> None:
         self.records = bytearray()   # RECORD per request of a successful batch
@@ -128,8 +130,10 @@ class LatencyRecorder:
         self.firsts: list[int] = []
         # (now_ns, duration_ns, success) of requests answered outside a successful batch
         self.answers: list[tuple[int, int, bool]] = []
+        # (now_ns, queue_ns, lookup_ns) of a hit, (now_ns, -1, lookup + insert ns) of a miss
+        self.cache: list[tuple[int, int, int]] = []
         self.first = Histogram(first_bounds) if first_bounds is not None else None
-        self.summaries = {k: Summary() for k in SUMMARIES} if summaries else None
+        self.summaries = {k: Summary() for k in SUMMARIES + CACHE_SUMMARIES} if summaries else None
 
     def batch(self, now_ns: int, requests: list[tuple[int, int]],
               compute: tuple[int, int, int]) -> None:
@@ -165,7 +169,24 @@ class LatencyRecorder:
         if len(self.answers) >= FOLD_ANSWERS:
             self.fold()
 
+    def cached(self, now_ns: int, queue_ns: int, ns: int) -> None:
+        """A response cache hit (``queue_ns`` >= 0: its queue time, ``ns`` its lookup) or a
+        miss's lookup and insertion (``queue_ns`` -1), for the summaries (Triton observes a
+        hit's queue time, not its request duration: with a cache that summary is off)."""
+        if self.summaries is not None:
+            self.cache.append((now_ns, queue_ns, ns))
+            if len(self.cache) >= FOLD_ANSWERS:
+                self.fold()
+
     def fold(self) -> None:
+        cache, self.cache = self.cache, []
+        if cache and self.summaries is not None:
+            c = np.array(cache, dtype=np.int64).reshape(-1, 3)
+            hit = c[:, 1] >= 0
+            slots = c[:, 0] // SLOT_NS
+            self.summaries["cache_hit"].observe(c[hit, 2] // 1000, slots[hit])
+            self.summaries["queue"].observe(c[hit, 1] // 1000, slots[hit])
+            self.summaries["cache_miss"].observe(c[~hit, 2] // 1000, slots[~hit])
         records, self.records = self.records, bytearray()
         streamed, self.streamed = self.streamed, bytearray()
         answers, self.answers = self.answers, []

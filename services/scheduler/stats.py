@@ -136,12 +136,17 @@ class VersionStats:
         self.cache_hits[0] += 1
         self.cache_hits[1] += lookup_ns
         if self.latency is not None:
-            self.latency.answered(time.monotonic_ns(), queue_ns + lookup_ns, True)
+            now = time.monotonic_ns()
+            if self.latency.first is not None:
+                self.latency.answered(now, queue_ns + lookup_ns, True)
+            self.latency.cached(now, queue_ns, lookup_ns)
 
     def cache_miss(self, ns: int) -> None:
         """A miss's answer was inserted (or refused): ``ns`` is its lookup and insertion."""
         self.cache_misses[0] += 1
         self.cache_misses[1] += ns
+        if self.latency is not None:
+            self.latency.cached(time.monotonic_ns(), -1, ns)
 
     def failed(self, duration_ns: int, reason: str) -> None:
         """A request that got an error outside a model execution (rejected at the queue,

@@ -325,3 +325,24 @@ def test_an_ensemble_made_decoupled_by_a_step_refuses_the_cache(tmp_path):
                 "transaction policy. Please disable the response cache." in e.value.message()
         finally:
             c.close()
+
+
+def test_cache_summaries_with_summary_latencies(repo):
+    """--metrics-config summary_latencies=true: Triton's nv_cache_hit_summary_per_model and
+    nv_cache_miss_summary_per_model for a model with a cache (a hit's queue time in the
+    queue summary), and no request summary for it (Triton leaves that out, its hits would
+    mislead)."""
+    with start_server(repo, "--cache-config", "local,size=1048576", "--metrics-config",
+                      "summary_latencies=true", *_loads("add_sub")) as srv:
+        for _ in range(3):
+            add_sub(srv, seed=7.0)
+        labels = 'model="add_sub",version="1"'
+        m = wait_until(lambda: (lambda got: got if got.get(
+            f"nv_cache_miss_summary_per_model_count{{{labels}}}") == 1 else None)(metrics(srv)),
+                       10, "the miss's insert to be counted")
+        assert m[f"nv_cache_hit_summary_per_model_count{{{labels}}}"] == 2
+        assert m[f"nv_cache_hit_summary_per_model_sum{{{labels}}}"] >= 0
+        assert f'nv_cache_hit_summary_per_model{{{labels},quantile="0.5"}}' in m
+        assert f'nv_cache_miss_summary_per_model{{{labels},quantile="0.99"}}' in m
+        assert m[f"nv_inference_queue_summary_us_count{{{labels}}}"] == 3   # 2 hits + 1 executed
+        assert not [k for k in m if k.startswith("nv_inference_request_summary_us")], m
