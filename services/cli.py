@@ -379,10 +379,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.in_process_frontend and args.frontends != 1:
         log.error("--in-process-frontend runs one frontend: leave --frontends at 1")
         return 2
-    taken = _taken_port(args)
-    if taken is not None:
-        log.error("%s", taken)
-        return 1
     set_title("trireme serve (scheduler)")
     _warn_open_repository_api(args, frontends_here=True)
     run_dir = tempfile.mkdtemp(prefix=f"trireme-{os.getpid()}-")
@@ -390,6 +386,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         scheme = "unix" if args.transport == "stream" else "ipc"
         settings = _scheduler_settings(args, f"{scheme}://{run_dir}/frontends.sock",
                                        f"{scheme}://{run_dir}/workers.sock", args.host)
+        # (after the flags, as Triton: a bad flag is told before a taken port)
+        taken = _taken_port(args)
+        if taken is not None:
+            log.error("%s", taken)
+            return 1
         if args.in_process_frontend:
             embedded = checked_settings(args, settings.frontend_addr,
                                         f"{scheme}://{run_dir}/results-0.sock")

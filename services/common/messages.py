@@ -1,6 +1,7 @@
 """Every message that crosses a process boundary, and its wire encoding.
 
-A message is a ZeroMQ multipart: ``[kind byte, msgpack header, *tensor frames]``.
+A message is a list of frames (a ZeroMQ multipart on ipc:// and tcp://):
+``[kind byte, msgpack header, *tensor frames]``.
 The kind byte lets the receiver pick a typed decoder without looking at the
 payload; tensor bytes never sit inside the header: they are either extra frames
 (small tensors, or when processes cannot share memory; a TensorRef's ``frame`` counts
@@ -114,6 +115,8 @@ class Kind(enum.IntEnum):
     PENDING = 83
     ENSEMBLE_STATS = 84            # frontend -> scheduler: ensembles it ran over routes
     CACHE_INSERT = 85              # frontend -> scheduler: a response cache miss's answer
+    CACHE_HIT = 86                 # frontend -> scheduler: a hit it answered from its own copy
+    CACHE_EVICTED = 87             # scheduler -> frontends: entries the local cache evicted
     # worker host <-> scheduler (on the worker socket)
     HOST_HELLO = 40
     HOST_HEARTBEAT = 41
@@ -197,6 +200,21 @@ class CacheInsert(_Msg):
     key: bytes
     outputs: list[TensorRef] = []
     ok: bool = True
+
+
+class CacheHit(_Msg):
+    """Frontend -> scheduler, after the answer: a request it answered from its copy of an
+    entry the scheduler's cache holds (dataplane/response_cache.py): counted, and the
+    entry used."""
+    model: str
+    version: int
+    key: bytes
+    lookup_ns: int
+
+
+class CacheEvicted(_Msg):
+    """Scheduler -> every frontend: local cache entries evicted; their copies go too."""
+    keys: list[bytes]
 
 
 class InferRequests(_Msg):
@@ -314,6 +332,7 @@ class ModelInfo(_Msg):
     split: dict[int, int] = {}     # version -> weight for requests naming none (canary.py)
     sticky: str = ""               # the request parameter whose value keeps a request's version
     loadable: bool = False         # not loaded; an inference request loads it (on demand)
+    cache_bytes: int = 0           # the frontend may keep copies of cache hits up to this many
 
 
 class IndexEntry(_Msg):
@@ -516,6 +535,8 @@ _KIND_OF: dict[type[_Msg], Kind] = {
     Pending: Kind.PENDING,
     EnsembleStats: Kind.ENSEMBLE_STATS,
     CacheInsert: Kind.CACHE_INSERT,
+    CacheHit: Kind.CACHE_HIT,
+    CacheEvicted: Kind.CACHE_EVICTED,
 }
 # ReleaseOutputs shares the RELEASE_BLOCKS kind byte on the scheduler -> worker leg.
 _KIND_BYTES = {cls: bytes([k]) for cls, k in _KIND_OF.items()}

@@ -28,6 +28,7 @@ import asyncio
 import itertools
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -44,7 +45,6 @@ from services.common.shm import (
     by_owner,
 )
 from services.common.shm import domain as shm_domain
-from services.dataplane.cache_key import cache_key
 from services.dataplane.chain import Chains
 from services.dataplane.classification import classify_outputs
 from services.dataplane.control import ControlCalls, error_from
@@ -52,6 +52,7 @@ from services.dataplane.direct import DirectPath
 from services.dataplane.metadata import ModelCache
 from services.dataplane.outbox import Outbox
 from services.dataplane.regions import output_region, region_ref, uses_regions
+from services.dataplane.response_cache import Copy, FrontendCache
 from services.dataplane.settings import DataPlaneSettings
 from services.dataplane.tracing import Tracer
 from services.dataplane.types import CoreRequest, CoreResponse, OutputTensor
@@ -78,7 +79,6 @@ class DataPlane:
         # req_id -> input blocks, of every request until its final answer (freed then)
         self._inflight: dict[int, list[Any]] = {}
         # req_id -> its response cache key, of every looked-up request until its final answer
-        self._cache_keys: dict[int, bytes] = {}
         self.models = ModelCache(lambda model, load: self._call(
             m.GetModelInfo(next(self._ids), model, load)))
         self._streams: dict[int, list[Any]] = {}      # preserve_ordering state per stream
@@ -100,6 +100,8 @@ class DataPlane:
                         SHM_DIR)
             self._shm_ok = False
         self._segments = SegmentMap()
+        # keys of looked-up requests, misses' answers, copies of hits (response_cache.py)
+        self._cache = FrontendCache(self._send, self._segments.view)
         self._housekeeper = Housekeeper(self._arena, self._segments)
         # DataPlaneAPI's trace and control calls: its collaborators' own methods, bound here;
         # trace_on and trace_mode copy the tracer's (read per request: _on_trace_levels)
@@ -188,7 +190,7 @@ class DataPlane:
         self._direct.forget()
         self._chains.forget()
         inflight, self._inflight = self._inflight, {}
-        self._cache_keys.clear()
+        self._cache.clear()
         for blocks in inflight.values():   # no answer is coming for any of them
             self._free_inputs(blocks)
         for req_id, waiter in pending.items():
@@ -254,6 +256,7 @@ class DataPlane:
             m.FlushStats: lambda msg, frames: self._chains.send_stats(msg.flush_id),
             m.LogSettingsChanged: self._on_log_settings,
             m.RepositoryChanged: self._on_repository_changed,
+            m.CacheEvicted: lambda msg, frames: self._cache.copies.evicted(msg.keys),
         }
 
     def _on_results(self, msg: m.InferResult | m.InferResults, frames: list[Any]) -> None:
@@ -290,16 +293,15 @@ class DataPlane:
         for pid in msg.dead_pids:
             self._segments.forget_owner(pid)
         self.models.changed(msg.models)
+        self._cache.copies.changed(msg.models)
 
     def _deliver(self, msg: m.InferResult, frames: list[Any]) -> None:
         if msg.final:   # the worker is done with the inputs (a result) or never had them
             blocks = self._inflight.pop(msg.req_id, None)
             if blocks:
                 self._free_inputs(blocks)
-            if self._cache_keys:
-                key = self._cache_keys.pop(msg.req_id, None)
-                if key is not None and not msg.cached:
-                    self._cache_insert(msg, frames, key)
+            if self._cache.keys:
+                self._cache.answered(msg, frames)
             if self._direct.by_req:
                 self._direct.answered(msg.req_id)
         waiter = self._pending.get(msg.req_id)
@@ -318,18 +320,6 @@ class DataPlane:
         elif self._chains.by_step and self._chains.answered(msg, frames):
             return   # a step of an ensemble this data plane runs (chain.py)
         self._drop(msg, frames)
-
-    def _cache_insert(self, msg: m.InferResult, frames: list[Any], key: bytes) -> None:
-        """A response cache miss's answer, for the scheduler to keep (a success) or forget."""
-        if msg.error is not None:
-            self._send(m.CacheInsert(msg.req_id, key, ok=False))
-            return
-        data = [frames[o.frame] if o.frame >= 0 else self._segments.view(o.segment, o.offset,
-                                                                           o.nbytes)
-                for o in msg.outputs]
-        self._send(m.CacheInsert(msg.req_id, key, [
-            m.TensorRef(o.name, o.datatype, o.shape, o.nbytes, frame=i)
-            for i, o in enumerate(msg.outputs)]), data)
 
     def _drop(self, msg: m.InferResult, frames: list[Any]) -> None:
         """Nobody waits (the caller went away): hand back its output blocks now."""
@@ -476,8 +466,12 @@ class DataPlane:
         # samples traces)
         route, plan, key = None, None, b""
         if info.cache:   # looked up in the response cache first: the scheduler's path
-            key = b"" if uses_regions(req) else cache_key(
-                info.name, version, req.inputs, [o.name for o in req.outputs or ()])
+            key = self._cache.key(req, info, version)
+            t0 = time.perf_counter_ns()
+            copy = self._cache.copy(key, info) if key else None
+            if copy is not None:   # a hit this frontend holds a copy of: answered here
+                return self._answer_copy(req, version, key, copy, waiter,
+                                         time.perf_counter_ns() - t0)
         elif (info.routes or info.chain) and self.settings.direct and not self.trace_on \
                 and not uses_regions(req):
             if info.routes:
@@ -528,13 +522,25 @@ class DataPlane:
         msg = m.InferRequest(req_id, self.result_addr, req.model, version, refs, outputs,
                              req.parameters, batch_size, req.id, regions, trace)
         if key:
-            msg.cache_key = self._cache_keys[req_id] = key
+            msg.cache_key = key
+            self._cache.looked_up(req_id, key, info.name)
         if route is None:
             self._outbox.submit(msg, frames)
         elif plan is not None:
             self._chains.start(msg, frames, plan, route, info, version)
         else:
             self._direct.send(route, msg, frames)
+        return req_id
+
+    def _answer_copy(self, req: CoreRequest, version: int, key: bytes, copy: Copy,
+                     waiter: asyncio.Future | asyncio.Queue, lookup_ns: int) -> int:
+        """A response cache hit answered from this frontend's copy (hits.py); the scheduler
+        counts it (CacheHit)."""
+        req_id = next(self._ids)
+        self._pending[req_id] = waiter
+        self._loop.call_soon(self._deliver, m.InferResult(
+            req_id, version, list(copy.outputs), cached=True), copy.frames)
+        self._send(m.CacheHit(req.model, version, key, lookup_ns))
         return req_id
 
     def _resend(self, msg: m.InferRequest, frames: list[Any]) -> None:

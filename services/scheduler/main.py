@@ -97,7 +97,7 @@ class Scheduler:
                                    self.stats, self.custom_metrics, settings.unload_timeout_secs)
         # Triton's response cache, shared by every frontend (response_cache.py)
         self.cache = ResponseCache(make_cache(settings.cache, settings.repositories),
-                                   self._send_frontend)
+                                   self._send_frontend, lambda: list(self.frontends))
         self.limiter = (RateLimiter(settings.rate_limit_resources)
                         if settings.rate_limit == "execution_count" else None)
         # Triton's batching test hook: each batcher holds requests until this many are queued.
@@ -291,6 +291,7 @@ class Scheduler:
             m.FrontendHello: self._on_hello,
             m.Pending: lambda identity, msg, frames: self.direct.on_pending(identity, msg),
             m.CacheInsert: self.cache.on_insert,
+            m.CacheHit: self._on_cache_hit,
             m.EnsembleStats: lambda identity, msg, frames: self.direct.on_ensemble_stats(
                 identity, msg),
             m.TraceSettingsRequest: self._on_trace_settings,
@@ -351,7 +352,14 @@ class Scheduler:
             info, ctl_id=msg.ctl_id, shm=self._shares_memory(identity, msg.model),
             routes=self.direct.routes(entry.instances) if entry is not None else [],
             cache=entry is not None and entry.config is not None
-            and self.cache.enabled(entry.name, entry.config)))
+            and self.cache.enabled(entry.name, entry.config),
+            cache_bytes=self.cache.frontend_bytes))
+
+    def _on_cache_hit(self, identity: bytes, msg: m.CacheHit, frames: list[Any]) -> None:
+        entry = self.models.lookup(msg.model)
+        vs = entry.versions.get(msg.version) if entry is not None else None
+        if vs is not None and vs.queue is not None and vs.queue.stats is not None:
+            self.cache.frontend_hit(msg, vs.queue.stats)
 
     def _on_hello(self, identity: bytes, msg: m.FrontendHello, frames: list[Any]) -> None:
         self.frontends.add(identity)

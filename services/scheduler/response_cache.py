@@ -1,4 +1,4 @@
-"""The response cache, Triton's (protocol.md "Response cache"): a model whose config says
+"""The response cache, Triton's (../shared/reference/protocol.md "Response cache"): a model whose config says
 `response_cache { enable: true }` on a server started with a cache (--cache-config
 local,size=N, or the deprecated --response-cache-byte-size N) answers a request it has
 answered before from the cache, without a worker. Owned by the Scheduler (main.py), so
@@ -116,6 +116,7 @@ class LocalCache:
         self.entries: collections.OrderedDict[bytes, Entry] = collections.OrderedDict()
         self.lookups = self.hits = self.misses = self.evictions = 0
         self.lookup_ns = self.insertion_ns = 0
+        self.evicted: list[bytes] = []   # keys evicted since the frontends were last told
 
     @classmethod
     def from_settings(cls, settings: dict[str, str]) -> LocalCache:
@@ -144,9 +145,17 @@ class LocalCache:
         self.lookup_ns += time.perf_counter_ns() - t0
         return entry
 
+    def touch(self, key: bytes) -> None:
+        """A hit a frontend answered from its copy: counted as a lookup here, and the entry
+        made the most recent, as if it had been looked up here."""
+        self.lookups += 1
+        self.hits += 1
+        if key in self.entries:
+            self.entries.move_to_end(key)
+
     def insert(self, key: bytes, entry: Entry) -> str | None:
-        """Keep ``entry``, evicting the least recently used until it fits; the error text
-        when it cannot be kept."""
+        """Keep ``entry``, evicting the least recently used until it fits (their keys are
+        added to ``evicted``); the error text when it cannot be kept."""
         t0 = time.perf_counter_ns()
         try:
             if key in self.entries:
@@ -156,9 +165,10 @@ class LocalCache:
                 return (f"Requested byte_size: {entry.nbytes} is greater than total cache "
                         f"size: {self.size}")
             while self.used + entry.nbytes > self.size:
-                _, old = self.entries.popitem(last=False)
+                gone, old = self.entries.popitem(last=False)
                 self.used -= old.nbytes
                 self.evictions += 1
+                self.evicted.append(gone)
             self.entries[key] = entry
             self.used += entry.nbytes
             return None
@@ -186,9 +196,11 @@ class LocalCache:
 
 class ResponseCache:
     def __init__(self, cache: LocalCache | RedisCache | None,
-                 send_frontend: Callable[[bytes, Any, list[Any]], None]) -> None:
+                 send_frontend: Callable[[bytes, Any, list[Any]], None],
+                 frontends: Callable[[], Any] = list) -> None:
         self.cache = cache
         self._send_frontend = send_frontend
+        self._frontends = frontends     # () -> the frontends' identities (CacheEvicted)
         # (frontend, req_id) -> (the version's stats, lookup ns): misses whose answer is due
         self._misses: collections.OrderedDict[tuple[bytes, int], tuple[Any, int]] = \
             collections.OrderedDict()
@@ -204,6 +216,21 @@ class ResponseCache:
             log.info("model '%s' enables the response cache, but the server has none "
                      "(--cache-config): its responses are not cached", model)
         return self.cache is not None
+
+    @property
+    def frontend_bytes(self) -> int:
+        """How many bytes of hits a frontend may keep copies of (ModelInfo.cache_bytes):
+        those of the local cache, which tells the frontends what it evicts (CacheEvicted),
+        so a copy never outlives its entry and the cache's LRU order stays its own; none of
+        Redis's, whose evictions nobody is told of."""
+        return self.cache.size if isinstance(self.cache, LocalCache) else 0
+
+    def frontend_hit(self, msg: m.CacheHit, stats: Any) -> None:
+        """A hit a frontend answered from its copy (CacheHit): counted as Triton counts a
+        hit (no queue time: it was answered where it arrived)."""
+        stats.cache_hit(0, msg.lookup_ns)
+        if isinstance(self.cache, LocalCache):
+            self.cache.touch(msg.key)
 
     def lookup(self, identity: bytes, req: m.InferRequest, stats: Any, arrival_ns: int,
                missed: Callable[[], None]) -> bool:
@@ -265,6 +292,11 @@ class ResponseCache:
         t0 = time.monotonic_ns()
         error = self.cache.insert(msg.key, Entry(outputs, data, nbytes))
         self._inserted(msg.key, error, stats, lookup_ns + time.monotonic_ns() - t0)
+        if self.cache.evicted:
+            evicted = m.CacheEvicted(self.cache.evicted)
+            self.cache.evicted = []
+            for frontend in self._frontends():
+                self._send_frontend(frontend, evicted, [])
 
     async def _insert_redis(self, cache: RedisCache, key: bytes, outputs: list[m.TensorRef],
                             data: list[bytes], stats: Any, lookup_ns: int) -> None:

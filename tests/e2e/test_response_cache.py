@@ -139,6 +139,13 @@ def metrics(server) -> dict[str, float]:
             for line in text.splitlines() if line.startswith("nv_")}
 
 
+def frontend_requests(server) -> int:
+    """trireme_frontend_requests: the requests the frontends passed to the scheduler."""
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as r:
+        return sum(int(float(line.rsplit(" ", 1)[1])) for line in r.read().decode().splitlines()
+                   if line.startswith("trireme_frontend_requests{"))
+
+
 def counts(server, model: str) -> tuple[int, int, int]:
     """(executions, cache hits, cache misses) of ``model``."""
     s = stat(server, model)
@@ -261,6 +268,27 @@ def test_the_least_recently_used_entry_is_evicted(tiny):
     log = tiny.log_path.read_text()
     assert "Failed to insert key [" in log and \
         "into response cache: Requested byte_size: 528 is greater than total cache size: 300" in log
+
+
+def test_a_frontends_copy_of_a_hit_counts_and_goes_with_its_entry(repo):
+    """The second identical request is a hit the frontend then keeps a copy of; the third
+    is answered from that copy and counted by the scheduler as a hit (statistics, gauges)
+    and as a use of the entry: the other entry is the least recently used one and goes
+    when a third is inserted; the copy of an entry the cache evicted goes with it, so that
+    entry's next request executes again."""
+    # (an add_sub entry takes 224 bytes: 500 hold two)
+    with start_server(repo, "--cache-config", "local,size=500", *_loads("add_sub")) as srv:
+        for seed in (1.0, 2.0, 1.0, 1.0):    # miss, miss, hit (copied), hit (the copy)
+            add_sub(srv, seed=seed)
+        wait_until(lambda: counts(srv, "add_sub") == (2, 2, 2), 10, "2 executions, 2 hits")
+        m = metrics(srv)
+        assert (m["nv_cache_num_hits"], m["nv_cache_num_lookups"]) == (2, 4)
+        assert frontend_requests(srv) == 3, "the fourth was answered by the frontend"
+        add_sub(srv, seed=3.0)   # evicts 2.0, the least recently used: 1.0 was used since
+        add_sub(srv, seed=2.0)   # executed again, and evicts 1.0 (its copy goes with it)
+        add_sub(srv, seed=1.0)   # executed again: the copy did not outlive its entry
+        wait_until(lambda: counts(srv, "add_sub") == (5, 2, 5), 10, "5 executions, 2 hits")
+        assert metrics(srv)["nv_cache_num_evictions"] == 3
 
 
 def test_a_model_that_enables_the_cache_on_a_server_without_one_is_served_uncached(none):
