@@ -140,7 +140,7 @@ class DataPlane:
     def _paths(self) -> None:
         """The ways requests leave: through the scheduler, to a route, along a chain."""
         self._outbox = Outbox(self._send_parts, self._deliver, self.result_addr, self._loop)
-        self._direct = DirectPath(self._loop, self.result_addr, self._domain, self._dispatch,
+        self._direct = DirectPath(self._loop, self.result_addr, self._domain, self._on_results,
                                   self._deliver, self._resend)
         self._chains = Chains(self._direct, self.models, lambda: next(self._ids), self._resend,
                               self._outbox.cancel, self._deliver, self._release_blocks,

@@ -56,13 +56,13 @@ class Route:
 
 class DirectPath:
     def __init__(self, loop: asyncio.AbstractEventLoop, result_addr: str, domain: str,
-                 dispatch: Callable[[Any, list[Any]], None],
+                 on_results: Callable[[Any, list[Any]], None],
                  deliver: Callable[[m.InferResult, list[Any]], None],
                  resend: Callable[[m.InferRequest, list[Any]], None]) -> None:
         self._loop = loop
         self._result_addr = result_addr
         self._domain = domain
-        self._dispatch = dispatch        # what a worker sends: results, like the result socket's
+        self._on_results = on_results    # a worker's results, as the result socket's are
         self._deliver = deliver          # a request's final answer made here (its failure)
         self._resend = resend            # through the scheduler
         self._routes: dict[tuple[str, int], Route] = {}
@@ -70,6 +70,7 @@ class DirectPath:
         self._exits: dict[str, m.ErrorRecord] = {}   # address -> its worker's end, told early
         self._orphans: dict[str, Route] = {}         # address -> broken, awaiting that word
         self.by_req: dict[int, Route] = {}   # every request waiting on a route
+        self._handlers = self._handler_table()
 
     def pick(self, info: m.ModelInfo, version: int) -> Route | None:
         """The route of ``version`` with the fewest requests waiting; None: use the
@@ -175,10 +176,23 @@ class DirectPath:
 
     def _on_message(self, route: Route, parts: list[Any]) -> None:
         msg, frames = m.decode(parts)
-        if type(msg) is m.Goodbye:
-            self._bye(route)
-        else:
-            self._dispatch(msg, frames)
+        handler = self._handlers.get(type(msg))
+        if handler is None:
+            log.warning("dropped a %s on the direct connection to %s: not a message a worker "
+                        "sends there", type(msg).__name__, route.route.address)
+            return
+        handler(route, msg, frames)
+
+    def _handler_table(self) -> dict[type, Callable[[Route, Any, list[Any]], None]]:
+        """What a worker sends on a route's connection, and who handles it: the one table."""
+        def results(route: Route, msg: Any, frames: list[Any]) -> None:
+            self._on_results(msg, frames)
+
+        return {
+            m.InferResult: results,
+            m.InferResults: results,
+            m.Goodbye: lambda route, msg, frames: self._bye(route),
+        }
 
     def _on_state(self, route: Route, up: bool) -> None:
         if up:

@@ -21,11 +21,13 @@ does not read stops being read; every connection has a handshake, an idle and a 
 timeout. The counters are plain ints touched only by the frames they count, so well-formed
 traffic pays nothing for them.
 
-The connection is one class in layers, a module each: grpc/h2_frames.py (the wire format:
-frame constants, frame headers, HPACK literal blocks), h2_guards.py (limits: control-frame
-and reset accounting, ping policy, write-buffer water marks, timers), h2_receive.py (frames
-in: parsing and each frame type's handler), and here H2Connection itself (the connection's
-state, sending within flow control, closing) and TlsH2Connection.
+A connection owns two collaborators, a module each, each with its own state:
+``receiver`` (grpc/h2_receive.py: frames in, the receive windows, header blocks; it is the
+connection's ``data_received``) and ``guards`` (grpc/h2_guards.py: control-frame and reset
+accounting, ping policy, timers). grpc/h2_frames.py has the wire format. Here: the
+connection's streams, sending within the peer's flow control (with the WINDOW_UPDATE and
+SETTINGS frames that govern it), the transport's reading and writing, closing; and
+TlsH2Connection.
 """
 from __future__ import annotations
 
@@ -36,20 +38,33 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from services.frontend.grpc.h2_frames import (
+    ACK,
     CANCEL,
     CONTINUATION,
     DATA,
+    DEFAULT_WINDOW,
     END_HEADERS,
     END_STREAM,
+    FLOW_CONTROL_ERROR,
+    FRAME_SIZE_ERROR,
     GOAWAY,
     HEADERS,
+    MAX_WINDOW,
     NO_ERROR,
+    PROTOCOL_ERROR,
+    REFUSED_STREAM,
     RST_STREAM,
+    S_ENABLE_PUSH,
+    S_INITIAL_WINDOW_SIZE,
+    S_MAX_FRAME_SIZE,
+    SETTINGS,
+    _ConnectionError,
     _preamble,
     _Stream,
     frame_header,
 )
 from services.frontend.grpc.h2_frames import _hpack_int as _hpack_int  # tests reach it here
+from services.frontend.grpc.h2_guards import H2Guards
 from services.frontend.grpc.h2_receive import H2Receiver
 from services.frontend.grpc.limits import GrpcLimits
 
@@ -60,16 +75,19 @@ __all__ = ["H2Connection", "TlsH2Connection"]
 DEFAULT_LIMITS = GrpcLimits()
 
 
-class H2Connection(H2Receiver):
+class H2Connection(asyncio.BaseProtocol):
     """One client connection. ``open_stream(conn, stream_id, headers)`` -> stream app."""
 
     # Slots: a plain instance would outgrow CPython's shared-key dicts (30 keys) and every
-    # attribute access on the hot path would get slower. Each layer declares its own: the
-    # receiving side's in grpc/h2_receive.py, the guards' in grpc/h2_guards.py.
+    # attribute access on the hot path would get slower. ``data_received``, ``hold`` and
+    # ``taken`` are the receiver's own methods, bound once (no call in between per read;
+    # uvloop, too, takes ``data_received`` once, when the transport is made).
     __slots__ = (
-        "_blocked", "_closed", "_failed", "_flush_scheduled", "_limits", "_loop", "_on_close",
-        "_backlog", "_open_stream", "_out", "_queued", "_streams", "_transport", "_waiters",
-        "_write_closed", "idle",
+        "_blocked", "_closed", "_failed", "_flush_scheduled", "_initial_window", "_last_opened",
+        "_limits", "_loop", "_max_frame", "_max_streams", "_on_close", "_open_stream", "_out",
+        "_queued", "_reading_paused", "_send_window", "_stream_answered", "_streams",
+        "_transport", "_waiters", "_write_closed", "data_received", "goaway_sent", "guards",
+        "hold", "idle", "idle_since", "receiver", "taken", "wrote",
     )
 
     def __init__(self, open_stream: Callable[[H2Connection, int, list], Any],
@@ -80,57 +98,186 @@ class H2Connection(H2Receiver):
         self._limits = limits = limits or DEFAULT_LIMITS
         self._transport: asyncio.Transport | None = None
         self._loop = asyncio.get_running_loop()
-        self._streams: dict[int, _Stream] = {}
+        self._streams: dict[int, _Stream] = {}   # (the receiver and the guards read it too)
         self._out: list[Any] = []
         self._flush_scheduled = False
         self._blocked: set[int] = set()       # streams waiting for window credit
         self._queued = 0                      # DATA bytes of all streams waiting for credit
-        self._backlog = 0                     # request bytes received, not yet taken (hold())
         self._waiters: list[Callable[[], None]] = []   # called once when _queued falls
+        self._send_window = DEFAULT_WINDOW    # connection-level credit from the peer
+        self._initial_window = DEFAULT_WINDOW   # the peer's SETTINGS_INITIAL_WINDOW_SIZE
+        self._max_frame = 16_384              # the peer's SETTINGS_MAX_FRAME_SIZE
+        self._max_streams = limits.max_concurrent_streams
+        self._last_opened = 0                 # highest stream id handed to the application
         self._failed = False                  # closed for an error: read nothing more
         self._write_closed = False            # ... and write nothing more (lingering close)
         self._closed = False
-        super().__init__(limits)
+        self._reading_paused = False          # the peer does not read what we write
+        self.goaway_sent = False              # no new streams (our GOAWAY, or the client's)
+        self.wrote = False                    # HEADERS/DATA sent since the guards' ping reset
+        self.idle_since = 0.0                 # when the last stream ended
         self.idle = asyncio.Event()           # no open streams (for graceful shutdown)
         self.idle.set()
+        self.guards = guards = H2Guards(self, self._streams, limits)
+        self._stream_answered = guards.stream_answered
+        self.receiver = receiver = H2Receiver(self, guards, self._streams, limits)
+        self.data_received = receiver.data_received
+        self.hold, self.taken = receiver.hold, receiver.taken
 
-    # -- asyncio.Protocol -------------------------------------------------------------------
+    # -- asyncio's protocol -----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = t = cast(asyncio.Transport, transport)
         limits = self._limits
         t.set_write_buffer_limits(high=limits.write_buffer_high, low=limits.write_buffer_low)
-        self._emit(_preamble(limits))
-        now = self._loop.time()
-        self._idle_since = self._ctrl_since = now
-        if limits.handshake_timeout_s:
-            self._arm("handshake", limits.handshake_timeout_s, self._handshake_expired)
-        if limits.idle_timeout_s:
-            self._arm("idle", limits.idle_timeout_s, self._check_idle)
-        if limits.keepalive_time_ms:
-            self._arm("keepalive", limits.keepalive_time_ms / 1000, self._keepalive)
-        if limits.max_connection_age_ms:
-            self._arm("age", limits.max_connection_age_ms / 1000, self._age_reached)
+        self.emit(_preamble(limits))
+        self.idle_since = now = self._loop.time()
+        self.guards.start(now)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
-        timers, self._timers = self._timers, {}
-        for handle in timers.values():
-            handle.cancel()
+        self.guards.stop()
         self._reset_all()
+        self.receiver.close()
         if self._on_close is not None:
             self._on_close(self)
 
+    def eof_received(self) -> None:
+        """The peer sends nothing more: the transport closes (as asyncio.Protocol's)."""
+
+    def pause_writing(self) -> None:
+        """More than the high-water mark of our output waits in the transport: the peer is
+        not reading. Stop reading it (no more requests, PINGs or SETTINGS to answer) until
+        that output drains; cut it if it does not within the send timeout."""
+        t = self._transport
+        if t is not None and not t.is_closing() and not self._write_closed:
+            t.pause_reading()
+            self._reading_paused = True
+        if self._limits.send_timeout_s:
+            self.guards.arm("send", self._limits.send_timeout_s, self._send_timed_out)
+
+    def resume_writing(self) -> None:
+        self.guards.disarm("send")
+        t = self._transport
+        if self._reading_paused and t is not None and not t.is_closing():
+            t.resume_reading()
+        self._reading_paused = False
+
     def _reset_all(self) -> None:
         """Every open stream is over: its call is cancelled."""
-        streams, self._streams = self._streams, {}
+        streams = list(self._streams.values())
+        self._streams.clear()                 # (the same dict stays: others hold it)
         self._blocked.clear()
         self._queued = 0
-        for st in streams.values():
+        for st in streams:
             st.pending.clear()
             if st.app is not None:
                 st.app.reset()
         self.idle.set()
         self._wake()
+
+    # -- streams the peer opens and ends (for the receiver) ---------------------------------
+    def accept(self, sid: int, headers: list) -> _Stream | None:
+        """A stream the client opened with ``headers``, handed to the application; None
+        when it is refused (REFUSED_STREAM): we are going away, or at the stream limit."""
+        if self.goaway_sent:
+            self._emit_reset(sid, REFUSED_STREAM)   # the client may retry it elsewhere
+            return None
+        if len(self._streams) >= self._max_streams:
+            self._emit_reset(sid, REFUSED_STREAM)   # RFC 9113 §5.1.2
+            self.guards.control("stream beyond SETTINGS_MAX_CONCURRENT_STREAMS")
+            return None
+        st = _Stream(self._initial_window)
+        self._streams[sid] = st
+        self._last_opened = sid
+        self.idle.clear()
+        st.app = self._open_stream(self, sid, headers)
+        return st
+
+    def drop_stream(self, sid: int) -> _Stream | None:
+        """Stream ``sid`` is over before its end (reset): its call is cancelled."""
+        st = self._streams.pop(sid, None)
+        self._blocked.discard(sid)
+        if st is not None:
+            self._dropped(st)
+            if st.app is not None:
+                st.app.reset()
+        return st
+
+    def stream_error(self, sid: int, code: int) -> None:
+        """End one stream with RST_STREAM ``code``; the connection goes on."""
+        self.drop_stream(sid)
+        self._emit_reset(sid, code)
+        self.maybe_close()
+
+    def peer_goaway(self) -> None:
+        """The client's GOAWAY: no new streams either way; the open ones finish."""
+        self.goaway_sent = True
+        self.maybe_close()
+
+    # -- the frames that govern our sending (for the receiver) ------------------------------
+    def on_window_update(self, sid: int, payload: memoryview) -> None:
+        if len(payload) != 4:
+            raise _ConnectionError(FRAME_SIZE_ERROR, f"WINDOW_UPDATE of {len(payload)} bytes")
+        inc = int.from_bytes(payload, "big") & 0x7FFFFFFF
+        if sid == 0:
+            if not inc:
+                raise _ConnectionError(PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
+            if not self._streams:
+                self.guards.control("WINDOW_UPDATE")   # nothing of ours waits for it
+            self._send_window += inc
+            if self._send_window > MAX_WINDOW:
+                raise _ConnectionError(FLOW_CONTROL_ERROR, "connection window overflow")
+            for blocked in list(self._blocked):
+                self._drain(blocked)
+            return
+        st = self._streams.get(sid)
+        if st is None:
+            if sid > self.receiver.last_stream:
+                raise _ConnectionError(PROTOCOL_ERROR, f"WINDOW_UPDATE on idle stream {sid}")
+            self.guards.control("WINDOW_UPDATE")   # a closed stream: ignored, but counted
+            return
+        if not inc:
+            self.stream_error(sid, PROTOCOL_ERROR)
+            return
+        st.send_window += inc
+        if st.send_window > MAX_WINDOW:
+            self.stream_error(sid, FLOW_CONTROL_ERROR)
+            return
+        self._drain(sid)
+
+    def on_settings(self, sid: int, flags: int, payload: memoryview) -> None:
+        if sid:
+            raise _ConnectionError(PROTOCOL_ERROR, "SETTINGS on a stream")
+        if flags & ACK:
+            if len(payload):
+                raise _ConnectionError(FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
+            return
+        if len(payload) % 6:
+            raise _ConnectionError(FRAME_SIZE_ERROR,
+                                   f"SETTINGS of {len(payload)} bytes, not a multiple of 6")
+        self.guards.control("SETTINGS")
+        self.guards.handshake_done()
+        for i in range(0, len(payload), 6):
+            key = int.from_bytes(payload[i:i + 2], "big")
+            value = int.from_bytes(payload[i + 2:i + 6], "big")
+            if key == S_INITIAL_WINDOW_SIZE:
+                if value > MAX_WINDOW:
+                    raise _ConnectionError(FLOW_CONTROL_ERROR, "initial window too large")
+                delta = value - self._initial_window
+                self._initial_window = value
+                for st in self._streams.values():
+                    st.send_window += delta
+                    if st.send_window > MAX_WINDOW:
+                        raise _ConnectionError(FLOW_CONTROL_ERROR, "stream window overflow")
+            elif key == S_MAX_FRAME_SIZE:
+                if not 16_384 <= value <= 16_777_215:
+                    raise _ConnectionError(PROTOCOL_ERROR, f"bad max frame size {value}")
+                self._max_frame = value
+            elif key == S_ENABLE_PUSH and value > 1:
+                raise _ConnectionError(PROTOCOL_ERROR, f"bad ENABLE_PUSH {value}")
+        self.emit(frame_header(0, SETTINGS, ACK, 0))
+        for blocked in list(self._blocked):
+            self._drain(blocked)
 
     # -- sending ----------------------------------------------------------------------------
     def send_headers(self, sid: int, block: bytes, end_stream: bool = False) -> None:
@@ -138,7 +285,7 @@ class H2Connection(H2Receiver):
         st = self._streams.get(sid)
         if st is None or st.closed_local:
             return
-        self._wrote = True
+        self.wrote = True
         if st.pending:                         # trailers wait behind queued data
             st.pending.append(("h", block, end_stream))
             if end_stream:
@@ -154,7 +301,7 @@ class H2Connection(H2Receiver):
         st = self._streams.get(sid)
         if st is None or st.closed_local:
             return
-        self._wrote = True
+        self.wrote = True
         view = memoryview(data).cast("B")
         st.pending.append(("d", view, end_stream))
         st.queued += len(view)
@@ -174,7 +321,7 @@ class H2Connection(H2Receiver):
         self._emit_reset(sid, code)
         if st is not None:
             self._dropped(st)
-            self._maybe_close()
+            self.maybe_close()
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -190,25 +337,6 @@ class H2Connection(H2Receiver):
             return False
         st = self._streams.get(sid)
         return st is None or st.queued < self._limits.max_pending_stream_bytes
-
-    def hold(self, sid: int, n: int) -> None:
-        """``n`` bytes of complete request messages of stream ``sid`` wait for their handler:
-        while half a receive window of them waits on a stream, or the pending-answer bound
-        of them on the connection, the client's credit is held back (h2_receive._credit),
-        so a client cannot send faster than its requests are taken."""
-        self._backlog += n
-        st = self._streams.get(sid)
-        if st is not None:
-            st.backlog += n
-
-    def taken(self, sid: int, n: int) -> None:
-        """Held request bytes of stream ``sid`` were handed on (or dropped)."""
-        self._backlog -= n
-        st = self._streams.get(sid)
-        if st is not None:
-            st.backlog -= n
-        if self._withheld:                # some credit waits for this
-            self._return_credit()
 
     @property
     def queued_bytes(self) -> int:
@@ -262,9 +390,9 @@ class H2Connection(H2Receiver):
                         self._sent()
                     return
                 last = n == len(item)
-                self._emit(frame_header(n, DATA, END_STREAM if (last and end) else 0, sid))
+                self.emit(frame_header(n, DATA, END_STREAM if (last and end) else 0, sid))
                 if n:
-                    self._emit(item[:n])
+                    self.emit(item[:n])
                     st.queued -= n
                     self._queued -= n
                     sent = True
@@ -283,8 +411,9 @@ class H2Connection(H2Receiver):
 
     def _sent(self) -> None:
         """Queued answers left: re-open the windows held shut at a bound, wake waiters."""
-        if self._withheld:
-            self._return_credit()
+        receiver = self.receiver
+        if receiver.withheld:
+            receiver.return_credit()
         if self._waiters:
             self._wake()
 
@@ -294,38 +423,37 @@ class H2Connection(H2Receiver):
         if not st.stalled:
             st.stalled = self._loop.time()
             timeout = self._limits.send_timeout_s
-            if timeout and "stall" not in self._timers:
-                self._arm("stall", timeout, self._check_stalls)
+            if timeout and not self.guards.armed("stall"):
+                self.guards.arm("stall", timeout, self._check_stalls)
 
     def _emit_headers(self, sid: int, block: bytes, end_stream: bool) -> None:
         flags = END_HEADERS | (END_STREAM if end_stream else 0)
         limit = self._max_frame
         if len(block) <= limit:
-            self._emit(frame_header(len(block), HEADERS, flags, sid) + block)
+            self.emit(frame_header(len(block), HEADERS, flags, sid) + block)
             return
         first, rest = block[:limit], block[limit:]
-        self._emit(frame_header(len(first), HEADERS, flags & ~END_HEADERS, sid) + first)
+        self.emit(frame_header(len(first), HEADERS, flags & ~END_HEADERS, sid) + first)
         while rest:
             chunk, rest = rest[:limit], rest[limit:]
-            self._emit(frame_header(len(chunk), CONTINUATION, 0 if rest else END_HEADERS, sid)
-                       + chunk)
+            self.emit(frame_header(len(chunk), CONTINUATION, 0 if rest else END_HEADERS, sid)
+                      + chunk)
 
     def _close_stream(self, sid: int, st: _Stream) -> None:
         if st.pending:
             return
         if self._streams.pop(sid, None) is not None:
-            if self._reset_budget < self._reset_budget_max:
-                self._reset_budget += 1           # an answered stream earns back a reset
-            self._maybe_close()
+            self._stream_answered()               # (it earns back a reset)
+            self.maybe_close()
 
     def _emit_reset(self, sid: int, code: int) -> None:
-        self._emit(frame_header(4, RST_STREAM, 0, sid) + code.to_bytes(4, "big"))
+        self.emit(frame_header(4, RST_STREAM, 0, sid) + code.to_bytes(4, "big"))
 
     def _emit_goaway(self, code: int, debug: bytes = b"") -> None:
-        self._emit(frame_header(8 + len(debug), GOAWAY, 0, 0) + self._last_opened.to_bytes(4, "big")
-                   + code.to_bytes(4, "big") + debug)
+        self.emit(frame_header(8 + len(debug), GOAWAY, 0, 0) + self._last_opened.to_bytes(4, "big")
+                  + code.to_bytes(4, "big") + debug)
 
-    def _emit(self, chunk: Any) -> None:
+    def emit(self, chunk: Any) -> None:
         self._out.append(chunk)
         if not self._flush_scheduled:
             self._flush_scheduled = True
@@ -343,10 +471,10 @@ class H2Connection(H2Receiver):
         """Refuse new streams and close once the open ones are done (graceful shutdown)."""
         if self._closed:
             return
-        if not self._goaway_sent:
-            self._goaway_sent = True
+        if not self.goaway_sent:
+            self.goaway_sent = True
             self._emit_goaway(NO_ERROR, debug)
-        self._maybe_close()
+        self.maybe_close()
 
     def close(self) -> None:
         """Close after what is queued is written; cut after close_linger_s if the peer
@@ -354,17 +482,17 @@ class H2Connection(H2Receiver):
         if self._transport is not None and not self._closed:
             self._flush()
             self._transport.close()
-            if self._limits.close_linger_s and "linger" not in self._timers:
-                self._arm("linger", self._limits.close_linger_s, self._abort)
+            if self._limits.close_linger_s and not self.guards.armed("linger"):
+                self.guards.arm("linger", self._limits.close_linger_s, self._abort)
 
-    def _maybe_close(self) -> None:
+    def maybe_close(self) -> None:
         if not self._streams:
-            self._idle_since = self._loop.time()
+            self.idle_since = self._loop.time()
             self.idle.set()
-            if self._goaway_sent:
+            if self.goaway_sent:
                 self._loop.call_soon(self.close)   # after the last frames are flushed
 
-    def _fail(self, code: int, why: str, debug: bytes = b"") -> None:
+    def fail(self, code: int, why: str, debug: bytes = b"") -> None:
         """GOAWAY ``code`` and close. A lingering close, as nginx's lingering_close: our side
         is shut for writing after the GOAWAY, and what the peer still sends is read and
         dropped until it closes too (or close_linger_s passes). Closed with unread bytes, the
@@ -372,10 +500,11 @@ class H2Connection(H2Receiver):
         if self._failed:
             return
         self._failed = True
+        self.receiver.stop()
         log.info("closing HTTP/2 connection: %s", why)
-        if self._preface:
+        if self.receiver.preface:
             self._emit_goaway(code, debug)
-        self._goaway_sent = True
+        self.goaway_sent = True
         self._reset_all()                      # no answer can reach the peer any more
         t = self._transport
         if t is None or self._closed or t.is_closing() or not t.can_write_eof():
@@ -387,7 +516,37 @@ class H2Connection(H2Receiver):
         if self._reading_paused:
             self._reading_paused = False
             t.resume_reading()
-        self._arm("linger", self._limits.close_linger_s, self._abort)
+        self.guards.arm("linger", self._limits.close_linger_s, self._abort)
+
+    def _check_stalls(self) -> None:
+        """Reset every stream whose answer has waited for the client's credit longer than
+        the send timeout (what it held is dropped); look again for the others."""
+        self.guards.forget("stall")
+        timeout = self._limits.send_timeout_s
+        now = self._loop.time()
+        first = now
+        for sid in list(self._blocked):
+            st = self._streams.get(sid)
+            if st is None or not st.stalled:
+                continue
+            if now - st.stalled >= timeout:
+                log.info("resetting HTTP/2 stream %d: the client read nothing of its answer "
+                         "for %g s", sid, timeout)
+                self.stream_error(sid, CANCEL)
+            else:
+                first = min(first, st.stalled)
+        if first < now:
+            self.guards.arm("stall", first + timeout - now, self._check_stalls)
+
+    def _send_timed_out(self) -> None:
+        self.guards.forget("send")
+        log.info("closing HTTP/2 connection: the client read nothing for %g s",
+                 self._limits.send_timeout_s)
+        self._abort()
+
+    def _abort(self) -> None:
+        if self._transport is not None and not self._closed:
+            self._transport.abort()
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:
@@ -416,12 +575,10 @@ class TlsH2Connection(H2Connection):
             log.info('closing TLS connection: the client did not negotiate "h2" by ALPN '
                      "(RFC 9113 §3.3)")
             self._failed = True                # read nothing; connection_lost cleans up
+            self.receiver.stop()
             transport.close()
             return
         super().connection_made(transport)
-        timeout = self._limits.handshake_timeout_s
-        if timeout and "handshake" in self._timers:
-            left = timeout - (self._loop.time() - self._accepted)
-            self._arm("handshake", max(left, 0.0), self._handshake_expired)
+        self.guards.handshake_spent(self._loop.time() - self._accepted)
 
 

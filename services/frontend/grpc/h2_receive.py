@@ -1,25 +1,24 @@
-"""The receiving side of the native HTTP/2 connection, a layer of H2Connection (grpc/h2.py) not
-used alone: bytes in, frames parsed off them (a large DATA frame's payload passes through to
-its stream in pieces, never gathered first), and the handler of each frame type: DATA into our
-receive windows, HEADERS/CONTINUATION with HPACK decoding (cached per header block while the
-dynamic table stands still), WINDOW_UPDATE and SETTINGS for the sending side, RST_STREAM,
-PRIORITY, GOAWAY. PING and the limits' accounting are the guards' (grpc/h2_guards.py).
+"""The receiving side of the native HTTP/2 connection: an H2Receiver is owned by its
+H2Connection (grpc/h2.py), one each, and is the connection's ``data_received``. Bytes in,
+frames parsed off them (a large DATA frame's payload passes through to its stream in pieces,
+never gathered first), and the handler of each frame type on the receiving side: DATA into
+our receive windows (the credit given back to the client, held back at the bounds: ``hold``
+and ``taken``), HEADERS/CONTINUATION with HPACK decoding (cached per header block while the
+dynamic table stands still), RST_STREAM, PRIORITY, GOAWAY. WINDOW_UPDATE and SETTINGS, which
+govern our sending, go to the connection; PING and the limits' accounting to its guards
+(grpc/h2_guards.py).
 """
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from hpack import Decoder
 from hpack.exceptions import HPACKError, OversizedHeaderListError
 
 from services.frontend.grpc.h2_frames import (
-    ACK,
     COMPRESSION_ERROR,
     CONTINUATION,
     DATA,
-    DEFAULT_WINDOW,
     END_HEADERS,
     END_STREAM,
     ENHANCE_YOUR_CALM,
@@ -27,7 +26,6 @@ from services.frontend.grpc.h2_frames import (
     FRAME_SIZE_ERROR,
     GOAWAY,
     HEADERS,
-    MAX_WINDOW,
     PADDED,
     PING,
     PREFACE,
@@ -36,74 +34,86 @@ from services.frontend.grpc.h2_frames import (
     PROTOCOL_ERROR,
     PUSH_PROMISE,
     RECV_MAX_FRAME,
-    REFUSED_STREAM,
     RST_STREAM,
-    S_ENABLE_PUSH,
-    S_INITIAL_WINDOW_SIZE,
-    S_MAX_FRAME_SIZE,
     SETTINGS,
     WINDOW_UPDATE,
     _ConnectionError,
     _Stream,
     frame_header,
 )
-from services.frontend.grpc.h2_guards import H2Guards
 from services.frontend.grpc.limits import GrpcLimits
+
+if TYPE_CHECKING:
+    from services.frontend.grpc.h2 import H2Connection
+    from services.frontend.grpc.h2_guards import H2Guards
 
 HEADER_CACHE_MAX_BLOCK = 1024        # header blocks cached by _decode_headers: at most this long
 
 
-class H2Receiver(H2Guards):
-    """Frames in: parsing and the per-type handlers of an H2Connection."""
+class H2Receiver:
+    """Frames in, for one H2Connection. Reads and changes the connection's streams (the
+    same dict); calls the connection's ``accept`` for a new stream, its ``on_window_update``
+    and ``on_settings`` for those frames, ``emit`` for the credit it gives back, and the
+    guards' ``control`` and ``on_ping``; a connection error raised while parsing becomes the
+    connection's ``fail``. Lets go of the connection when it is closed (it holds this
+    object)."""
 
     __slots__ = (
-        "_buf", "_data_end", "_data_left", "_data_sid", "_decoder", "_goaway_sent", "_hcache",
-        "_header_block", "_headers_flags", "_headers_sid", "_htable_state", "_initial_window",
-        "_last_opened", "_last_stream", "_max_frame", "_need", "_preface", "_recv_consumed",
-        "_refill", "_send_window", "_settings_seen", "_withheld",
+        "_accept", "_backlog", "_buf", "_conn", "_control", "_data_end", "_data_left",
+        "_data_sid", "_decoder", "_emit", "_guards", "_hcache", "_header_block",
+        "_headers_flags", "_headers_sid", "_htable_state", "_limits", "_max_header_block",
+        "_need", "_on_ping", "_on_settings", "_on_window_update", "_recv_consumed", "_refill",
+        "_stopped", "_streams", "last_stream", "preface", "withheld",
     )
 
-    if TYPE_CHECKING:   # the connection's own state and methods (grpc/h2.py)
-        _open_stream: Callable[[Any, int, list], Any]
-        _blocked: set[int]
-        _failed: bool
-        idle: asyncio.Event
-
-        def _drain(self, sid: int) -> None: ...
-        def _dropped(self, st: _Stream) -> None: ...
-        def _emit_reset(self, sid: int, code: int) -> None: ...
-        def _maybe_close(self) -> None: ...
-        _queued: int
-        _backlog: int
-
-    def __init__(self, limits: GrpcLimits) -> None:
-        super().__init__(limits)
+    def __init__(self, conn: H2Connection, guards: H2Guards, streams: dict[int, _Stream],
+                 limits: GrpcLimits) -> None:
+        self._conn = conn
+        self._guards = guards
+        self._streams = streams               # the connection's open streams (the same dict)
+        self._limits = limits
+        # the calls that cross to the connection and its guards per frame, bound once
+        self._emit = conn.emit
+        self._accept = conn.accept
+        self._on_window_update = conn.on_window_update
+        self._on_settings = conn.on_settings
+        self._control = guards.control
+        self._on_ping = guards.on_ping
+        self._max_header_block = limits.max_header_list_size
+        self._stopped = False                 # the connection failed: read nothing more
         self._buf = bytearray()
         self._need = len(PREFACE)
-        self._preface = False
-        self._settings_seen = False           # the client's first SETTINGS (handshake done)
+        self.preface = False                  # the client's preface came
         self._decoder = Decoder()
         self._decoder.max_header_list_size = limits.max_header_list_size
-        self._last_stream = 0                 # highest stream id the client has used
-        self._last_opened = 0                 # highest one handed to the application (GOAWAY)
+        self.last_stream = 0                  # highest stream id the client has used
         self._headers_sid = 0                 # a header block is being continued
         self._headers_flags = 0
         self._header_block = bytearray()
-        self._send_window = DEFAULT_WINDOW    # connection-level credit from the peer
-        self._initial_window = DEFAULT_WINDOW
-        self._max_frame = 16_384              # the peer's SETTINGS_MAX_FRAME_SIZE
         self._recv_consumed = 0
         self._refill = limits.recv_window // 2   # re-open a receive window when half is used
-        self._withheld = False                    # some credit was held back at a bound
+        self.withheld = False                     # some credit was held back at a bound
+        self._backlog = 0                     # request bytes received, not yet taken (hold())
         self._data_left = 0                   # payload bytes still to come of a large DATA frame
         self._data_sid = 0
         self._data_end = False
         self._hcache: dict[bytes, list] = {}  # header block -> headers, see _decode_headers
         self._htable_state: Any = None
-        self._goaway_sent = False
+
+    def stop(self) -> None:
+        """The connection failed: what the peer still sends is read and dropped (its
+        lingering close)."""
+        self._stopped = True
+
+    def close(self) -> None:
+        """The connection is lost: no credit is owed any more, and the connection is let go
+        (kept, the cycle would wait for the cyclic GC, which an idle frontend hardly runs).
+        ``hold`` and ``taken`` may still come, from calls ending: they count, nothing more."""
+        self.withheld = False
+        del self._conn, self._emit, self._accept, self._on_window_update, self._on_settings
 
     def data_received(self, data: bytes | memoryview) -> None:
-        if self._failed:
+        if self._stopped:
             return
         try:
             if self._data_left:
@@ -122,7 +132,7 @@ class H2Receiver(H2Guards):
                 return
             rest = self._parse(data)
         except _ConnectionError as e:
-            self._fail(e.code, str(e), e.debug)
+            self._conn.fail(e.code, str(e), e.debug)
             return
         if rest is not None:
             self._buf += rest
@@ -144,10 +154,10 @@ class H2Receiver(H2Guards):
         mv = memoryview(data)
         n = len(data)
         pos = 0
-        if not self._preface:
+        if not self.preface:
             if data[:24] != PREFACE:
                 raise _ConnectionError(PROTOCOL_ERROR, "not an HTTP/2 client preface")
-            self._preface = True
+            self.preface = True
             pos = 24
         while True:
             if n - pos < 9:
@@ -170,8 +180,8 @@ class H2Receiver(H2Guards):
                     rest = self._continue_data(mv[pos + 9:])
                     assert rest is None
                     return None
-                if ftype != DATA:
-                    self._check_declared(ftype, length)   # refuse it before buffering it
+                if ftype != DATA:   # refuse it before buffering it
+                    self._guards.check_declared(ftype, length, len(self._header_block))
                 self._need = 9 + length
                 break
             payload = mv[pos + 9:end]
@@ -204,6 +214,7 @@ class H2Receiver(H2Guards):
                 self._control("unknown frame type")   # ... but not without limit
         return mv[pos:] if pos < n else None
 
+    # -- DATA and the receive windows -------------------------------------------------------
     def _on_data(self, sid: int, flags: int, payload: memoryview) -> None:
         if flags & PADDED:
             if not len(payload) or payload[0] >= len(payload):
@@ -226,15 +237,15 @@ class H2Receiver(H2Guards):
         """Account for received DATA bytes; re-open the windows when half is used, unless
         the connection (or the stream) holds as many answers for the client as it may, or
         half a window of requests waits for its handlers: then the client's credit waits
-        until it reads, or they are taken (h2.py _sent and taken call _return_credit)."""
-        limits = self._limits
+        until it reads, or they are taken (the connection's _sent, and taken, call
+        return_credit)."""
         refill = self._refill
         self._recv_consumed += size
-        conn_held = self._queued >= limits.max_pending_connection_bytes or \
-            self._backlog >= limits.max_pending_connection_bytes
+        held = None                            # _conn_held(), read when a window is due
         if self._recv_consumed >= refill:
-            if conn_held:
-                self._withheld = True
+            held = self._conn_held()
+            if held:
+                self.withheld = True
             else:
                 self._emit(frame_header(4, WINDOW_UPDATE, 0, 0)
                            + self._recv_consumed.to_bytes(4, "big"))
@@ -243,16 +254,24 @@ class H2Receiver(H2Guards):
         if st is not None:
             st.recv_consumed += size
             if st.recv_consumed >= refill:
-                if conn_held or st.backlog >= refill or \
-                        st.queued >= limits.max_pending_stream_bytes:
-                    self._withheld = True
+                if held is None:
+                    held = self._conn_held()
+                if held or st.backlog >= refill or \
+                        st.queued >= self._limits.max_pending_stream_bytes:
+                    self.withheld = True
                 else:
                     self._emit(frame_header(4, WINDOW_UPDATE, 0, sid)
                                + st.recv_consumed.to_bytes(4, "big"))
                     st.recv_consumed = 0
-        elif not sid or sid > self._last_stream:
+        elif not sid or sid > self.last_stream:
             raise _ConnectionError(PROTOCOL_ERROR, f"DATA on idle stream {sid}")
         return st
+
+    def _conn_held(self) -> bool:
+        """The connection holds as many answers for the client, or requests for their
+        handlers, as it may: no credit goes back to the client."""
+        bound = self._limits.max_pending_connection_bytes
+        return self._conn.queued_bytes >= bound or self._backlog >= bound
 
     def _check_window(self, sid: int, length: int) -> None:
         """A DATA frame, checked from its header against the credit we gave (RFC 9113
@@ -265,13 +284,12 @@ class H2Receiver(H2Guards):
         if st is not None and st.recv_consumed + length > window:
             raise _ConnectionError(FLOW_CONTROL_ERROR, f"DATA beyond the window of stream {sid}")
 
-    def _return_credit(self) -> None:
+    def return_credit(self) -> None:
         """The credit held back at a bound, for the connection and each stream below its own."""
+        if self._conn_held():
+            return
         limits = self._limits
         refill = self._refill
-        if self._queued >= limits.max_pending_connection_bytes or \
-                self._backlog >= limits.max_pending_connection_bytes:
-            return
         owed = False
         if self._recv_consumed >= refill:
             self._emit(frame_header(4, WINDOW_UPDATE, 0, 0) + self._recv_consumed.to_bytes(4, "big"))
@@ -284,8 +302,28 @@ class H2Receiver(H2Guards):
                     st.recv_consumed = 0
                 else:
                     owed = True
-        self._withheld = owed
+        self.withheld = owed
 
+    def hold(self, sid: int, n: int) -> None:
+        """``n`` bytes of complete request messages of stream ``sid`` wait for their handler:
+        while half a receive window of them waits on a stream, or the pending-answer bound
+        of them on the connection, the client's credit is held back (_credit), so a client
+        cannot send faster than its requests are taken."""
+        self._backlog += n
+        st = self._streams.get(sid)
+        if st is not None:
+            st.backlog += n
+
+    def taken(self, sid: int, n: int) -> None:
+        """Held request bytes of stream ``sid`` were handed on (or dropped)."""
+        self._backlog -= n
+        st = self._streams.get(sid)
+        if st is not None:
+            st.backlog -= n
+        if self.withheld:                 # some credit waits for this
+            self.return_credit()
+
+    # -- header blocks ----------------------------------------------------------------------
     def _on_headers(self, sid: int, flags: int, payload: memoryview) -> None:
         if not sid & 1:
             raise _ConnectionError(PROTOCOL_ERROR, f"bad stream id {sid}")
@@ -326,23 +364,12 @@ class H2Receiver(H2Guards):
             if flags & END_STREAM:
                 st.app.end()
             return
-        if sid <= self._last_stream:
+        if sid <= self.last_stream:
             self._control("HEADERS on a closed stream")
             return                            # a late frame for a stream we already closed
-        self._last_stream = sid
-        if self._goaway_sent:
-            self._emit_reset(sid, REFUSED_STREAM)   # the client may retry it elsewhere
-            return
-        if len(self._streams) >= self._max_streams:
-            self._emit_reset(sid, REFUSED_STREAM)   # RFC 9113 §5.1.2
-            self._control("stream beyond SETTINGS_MAX_CONCURRENT_STREAMS")
-            return
-        st = _Stream(self._initial_window)
-        self._streams[sid] = st
-        self._last_opened = sid
-        self.idle.clear()
-        st.app = self._open_stream(self, sid, headers)
-        if flags & END_STREAM:
+        self.last_stream = sid
+        st = self._accept(sid, headers)       # (None: refused)
+        if st is not None and flags & END_STREAM:
             st.app.end()
 
     def _decode_headers(self, block: bytes) -> list:
@@ -373,102 +400,24 @@ class H2Receiver(H2Guards):
             self._hcache[block] = headers
         return headers
 
-    def _on_window_update(self, sid: int, payload: memoryview) -> None:
-        if len(payload) != 4:
-            raise _ConnectionError(FRAME_SIZE_ERROR, f"WINDOW_UPDATE of {len(payload)} bytes")
-        inc = int.from_bytes(payload, "big") & 0x7FFFFFFF
-        if sid == 0:
-            if not inc:
-                raise _ConnectionError(PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
-            if not self._streams:
-                self._control("WINDOW_UPDATE")   # nothing of ours waits for it
-            self._send_window += inc
-            if self._send_window > MAX_WINDOW:
-                raise _ConnectionError(FLOW_CONTROL_ERROR, "connection window overflow")
-            for blocked in list(self._blocked):
-                self._drain(blocked)
-            return
-        st = self._streams.get(sid)
-        if st is None:
-            if sid > self._last_stream:
-                raise _ConnectionError(PROTOCOL_ERROR, f"WINDOW_UPDATE on idle stream {sid}")
-            self._control("WINDOW_UPDATE")       # a closed stream: ignored, but counted
-            return
-        if not inc:
-            self._stream_error(sid, PROTOCOL_ERROR)
-            return
-        st.send_window += inc
-        if st.send_window > MAX_WINDOW:
-            self._stream_error(sid, FLOW_CONTROL_ERROR)
-            return
-        self._drain(sid)
-
-    def _on_settings(self, sid: int, flags: int, payload: memoryview) -> None:
-        if sid:
-            raise _ConnectionError(PROTOCOL_ERROR, "SETTINGS on a stream")
-        if flags & ACK:
-            if len(payload):
-                raise _ConnectionError(FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
-            return
-        if len(payload) % 6:
-            raise _ConnectionError(FRAME_SIZE_ERROR,
-                                   f"SETTINGS of {len(payload)} bytes, not a multiple of 6")
-        self._control("SETTINGS")
-        if not self._settings_seen:
-            self._settings_seen = True
-            self._disarm("handshake")
-        for i in range(0, len(payload), 6):
-            key = int.from_bytes(payload[i:i + 2], "big")
-            value = int.from_bytes(payload[i + 2:i + 6], "big")
-            if key == S_INITIAL_WINDOW_SIZE:
-                if value > MAX_WINDOW:
-                    raise _ConnectionError(FLOW_CONTROL_ERROR, "initial window too large")
-                delta = value - self._initial_window
-                self._initial_window = value
-                for st in self._streams.values():
-                    st.send_window += delta
-                    if st.send_window > MAX_WINDOW:
-                        raise _ConnectionError(FLOW_CONTROL_ERROR, "stream window overflow")
-            elif key == S_MAX_FRAME_SIZE:
-                if not 16_384 <= value <= 16_777_215:
-                    raise _ConnectionError(PROTOCOL_ERROR, f"bad max frame size {value}")
-                self._max_frame = value
-            elif key == S_ENABLE_PUSH and value > 1:
-                raise _ConnectionError(PROTOCOL_ERROR, f"bad ENABLE_PUSH {value}")
-        self._emit(frame_header(0, SETTINGS, ACK, 0))
-        for blocked in list(self._blocked):
-            self._drain(blocked)
-
+    # -- the other frames of the receiving side ---------------------------------------------
     def _on_reset(self, sid: int, payload: memoryview) -> None:
         if len(payload) != 4:
             raise _ConnectionError(FRAME_SIZE_ERROR, f"RST_STREAM of {len(payload)} bytes")
-        if not sid or sid > self._last_stream:
+        if not sid or sid > self.last_stream:
             raise _ConnectionError(PROTOCOL_ERROR, f"RST_STREAM on idle stream {sid}")
         self._control("RST_STREAM")
-        st = self._streams.pop(sid, None)
-        self._blocked.discard(sid)
-        if st is not None:
-            self._dropped(st)
-            if st.app is not None:
-                st.app.reset()
-            # Reset before we answered it: rapid reset (CVE-2023-44487) spends the budget,
-            # which time refills (the whole of it each second).
-            now = self._loop.time()
-            budget = self._reset_budget_max
-            self._reset_budget = min(budget, self._reset_budget
-                                     + (now - self._reset_since) * budget) - 1
-            self._reset_since = now
-            if self._reset_budget < 1:          # (the refill of a burst is a fraction)
-                raise _ConnectionError(ENHANCE_YOUR_CALM,
-                                       "rapid reset: too many streams cancelled by the client")
-        self._maybe_close()
+        conn = self._conn
+        if conn.drop_stream(sid) is not None:
+            self._guards.stream_reset()       # before we answered it: spends the budget
+        conn.maybe_close()
 
     def _on_priority(self, sid: int, payload: memoryview) -> None:
         if not sid:
             raise _ConnectionError(PROTOCOL_ERROR, "PRIORITY on stream 0")
         self._control("PRIORITY")
         if len(payload) != 5:
-            self._stream_error(sid, FRAME_SIZE_ERROR)   # RFC 9113 §6.3: a stream error
+            self._conn.stream_error(sid, FRAME_SIZE_ERROR)   # RFC 9113 §6.3: a stream error
 
     def _on_goaway(self, sid: int, payload: memoryview) -> None:
         if sid:
@@ -476,16 +425,4 @@ class H2Receiver(H2Guards):
         if len(payload) < 8:
             raise _ConnectionError(FRAME_SIZE_ERROR, f"GOAWAY of {len(payload)} bytes")
         self._control("GOAWAY")
-        self._goaway_sent = True      # no new streams either way; finish the open ones
-        self._maybe_close()
-
-    def _stream_error(self, sid: int, code: int) -> None:
-        """End one stream with RST_STREAM ``code``; the connection goes on."""
-        st = self._streams.pop(sid, None)
-        self._blocked.discard(sid)
-        if st is not None:
-            self._dropped(st)
-            if st.app is not None:
-                st.app.reset()
-        self._emit_reset(sid, code)
-        self._maybe_close()
+        self._conn.peer_goaway()

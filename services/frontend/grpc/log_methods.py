@@ -13,6 +13,7 @@ settings that come before the first bad one and then answers the error.
 """
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from protos import grpc_service_pb2 as pb
@@ -70,9 +71,16 @@ def settings_to_proto(settings: m.LogConfig) -> pb.LogSettingsResponse:
 
 
 class LogRpcs:
-    """LogSettings, mixed into methods.GrpcService (which holds ``_dp``)."""
+    """LogSettings over the data plane ``dp`` (methods.GrpcService owns one)."""
 
-    _dp: DataPlaneAPI
+    __slots__ = ("_dp",)
+
+    def __init__(self, dp: DataPlaneAPI) -> None:
+        self._dp = dp
+
+    def handlers(self) -> dict[str, Callable[[Any, Any], Awaitable[Any]]]:
+        """RPC name -> handler, for the service's method table."""
+        return {"LogSettings": self.LogSettings}
 
     async def LogSettings(self, request: pb.LogSettingsRequest,
                           context: Any) -> pb.LogSettingsResponse:

@@ -1,12 +1,12 @@
 """gRPC adapter: inference.GRPCInferenceService and grpc.health.v1.Health/Check, served by
-grpc_native (our HTTP/2 on the event loop, the default) or by grpc.aio (--grpc-impl aio).
+grpc/native.py (our HTTP/2 on the event loop, the default) or by grpc.aio (--grpc-impl aio).
 
-A thin layer: each RPC converts its message with `grpc_codec`, calls one method of the
+A thin layer: each RPC converts its message with `codec`, calls one method of the
 transport-agnostic data plane `dp`, and converts the answer back. TriremeError codes become
 gRPC status codes in exactly one table (`_STATUS`).
 
 ModelInfer and ModelStreamInfer bypass protobuf for tensor bytes: requests are split by
-`grpc_codec.decode_infer_request` (raw inputs stay views into the received buffer) and
+`codec.decode_infer_request` (raw inputs stay views into the received buffer) and
 responses are pre-serialized bytes (`encode_infer_response`), so their serializers here are
 the identity.
 """
@@ -50,7 +50,7 @@ HEALTH_SERVICE_NAME = "grpc.health.v1.Health"
 MAX_GRPC_MESSAGE_SIZE = 2**31 - 1   # INT32_MAX, Triton's MAX_GRPC_MESSAGE_SIZE
 STREAM_WINDOW = 128                 # requests in flight per ModelStreamInfer stream
 
-# The one Code -> grpc.StatusCode table (reference/protocol.md, "Errors").
+# The one Code -> grpc.StatusCode table (../shared/reference/protocol.md, "Errors").
 _STATUS: dict[Code, grpc.StatusCode] = {
     Code.INTERNAL: grpc.StatusCode.INTERNAL,
     Code.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
@@ -164,17 +164,43 @@ class _StreamBudget:
         self.running_bytes += cost
 
 
-class GrpcService(SharedMemoryRpcs, LogRpcs, TraceRpcs):
-    """One coroutine per RPC of inference.GRPCInferenceService, over the data plane `dp`
-    (the shared-memory RPCs: grpc/shm_methods.py; LogSettings: grpc/log_methods.py;
-    TraceSetting and the traced ModelInfer: grpc/trace_methods.py)."""
+class GrpcService:
+    """One coroutine per RPC of inference.GRPCInferenceService, over the data plane `dp`.
+    The service owns the RPC groups kept in modules of their own, each over the same `dp`:
+    the shared-memory RPCs (grpc/shm_methods.py), LogSettings (grpc/log_methods.py) and
+    TraceSetting (grpc/trace_methods.py, which also wraps ModelInfer and the stream producer
+    for tracing). ``handlers()`` is every RPC of all of them by name: the one table both
+    servers serve (rpc_methods)."""
 
     def __init__(self, dp: DataPlaneAPI, settings: FrontendSettings) -> None:
         self._dp = dp
         self._settings = settings
         self._forward = forward.maybe(settings.grpc_header_forward_pattern)
-        self.ModelInfer = traced_model_infer(self.ModelInfer, dp)  # type: ignore[method-assign]
-        self._stream_one = traced_stream_one(self._stream_one, dp)  # type: ignore[method-assign]
+        self.shm_rpcs = SharedMemoryRpcs(dp)
+        self.log_rpcs = LogRpcs(dp)
+        self.trace_rpcs = TraceRpcs(dp)
+        # what ModelStreamInfer runs per request: _stream_one, traced where tracing can be
+        self._produce = traced_stream_one(self._stream_one, dp)
+
+    def handlers(self) -> dict[str, Handler]:
+        """RPC name -> handler: every RPC this service implements, built once."""
+        return {
+            "ServerLive": self.ServerLive,
+            "ServerReady": self.ServerReady,
+            "ModelReady": self.ModelReady,
+            "ServerMetadata": self.ServerMetadata,
+            "ModelMetadata": self.ModelMetadata,
+            "ModelConfig": self.ModelConfig,
+            "ModelStatistics": self.ModelStatistics,
+            "RepositoryIndex": self.RepositoryIndex,
+            "RepositoryModelLoad": self.RepositoryModelLoad,
+            "RepositoryModelUnload": self.RepositoryModelUnload,
+            "ModelInfer": traced_model_infer(self.ModelInfer, self._dp),
+            "ModelStreamInfer": self.ModelStreamInfer,
+            **self.shm_rpcs.handlers(),
+            **self.log_rpcs.handlers(),
+            **self.trace_rpcs.handlers(),
+        }
 
     # -- health and metadata --------------------------------------------------------------
     async def ServerLive(self, request: pb.ServerLiveRequest, context) -> pb.ServerLiveResponse:
@@ -322,7 +348,7 @@ class GrpcService(SharedMemoryRpcs, LogRpcs, TraceRpcs):
                     out: asyncio.Queue = asyncio.Queue()
                     sent = asyncio.Event()
                     sources.put_nowait((asyncio.ensure_future(
-                        self._stream_one(request, out, before, sent, metadata, budget, cost)),
+                        self._produce(request, out, before, sent, metadata, budget, cost)),
                         out))
                     before = sent
             finally:
@@ -347,16 +373,16 @@ class GrpcService(SharedMemoryRpcs, LogRpcs, TraceRpcs):
                 if source is not None:
                     source[0].cancel()
 
-    # -- not implemented yet ----------------------------------------------------------------
-    def unimplemented(self, name: str) -> Handler:
-        async def handler(request: Any, context) -> Any:
-            raise TriremeError(Code.UNSUPPORTED, f"'{name}' is not implemented")
-        return handler
+
+def _unimplemented(name: str) -> Handler:
+    async def handler(request: Any, context) -> Any:
+        raise TriremeError(Code.UNSUPPORTED, f"'{name}' is not implemented")
+    return handler
 
 
 @dataclass(frozen=True)
 class RpcMethod:
-    """One RPC as both gRPC servers (grpc.aio and grpc_native) serve it."""
+    """One RPC as both gRPC servers (grpc.aio and grpc/native.py) serve it."""
     streaming: bool
     handler: Callable[..., Any]
     deserialize: Callable[[Any], Any]
@@ -365,23 +391,25 @@ class RpcMethod:
 
 def rpc_methods(dp: DataPlaneAPI, settings: FrontendSettings) -> dict[str, RpcMethod]:
     """'/package.Service/Method' -> RpcMethod, for every RPC in protos/grpc_service.proto and
-    grpc.health.v1.Health/Check."""
-    service = GrpcService(dp, settings)
+    grpc.health.v1.Health/Check: the one table, built once, that grpc/native.py looks a
+    call's :path up in and that grpc.aio registers."""
+    handlers = GrpcService(dp, settings).handlers()
     methods: dict[str, RpcMethod] = {}
     for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
         name = method.name
         path = f"/{SERVICE_NAME}/{name}"
+        impl = handlers.pop(name, None) or _unimplemented(name)
         if name == "ModelInfer":
-            methods[path] = RpcMethod(False, _guard(name, service.ModelInfer),
-                                      codec.decode_infer_request, _identity)
+            methods[path] = RpcMethod(False, _guard(name, impl), codec.decode_infer_request,
+                                      _identity)
         elif name == "ModelStreamInfer":
-            methods[path] = RpcMethod(True, service.ModelStreamInfer,
-                                      codec.decode_infer_request, _identity)
+            methods[path] = RpcMethod(True, impl, codec.decode_infer_request, _identity)
         else:
-            impl = getattr(service, name, None) or service.unimplemented(name)
             methods[path] = RpcMethod(False, _guard(name, impl),
                                       getattr(pb, method.input_type.name).FromString,
                                       getattr(pb, method.output_type.name).SerializeToString)
+    if handlers:
+        raise ValueError(f"no such RPC in protos/grpc_service.proto: {sorted(handlers)}")
     methods[f"/{HEALTH_SERVICE_NAME}/Check"] = RpcMethod(False, _health_check(dp), _identity,
                                                          _identity)
     return methods
@@ -407,7 +435,7 @@ def address(host: str, port: int) -> str:
 async def start_grpc(dp: DataPlaneAPI, settings: FrontendSettings) -> Any:
     """Start the gRPC server on {host}:{grpc_port} and return it (stop with `.stop(grace)`).
 
-    ``settings.grpc_impl`` picks the server: "native" (grpc_native, the default: HTTP/2 on
+    ``settings.grpc_impl`` picks the server: "native" (grpc/native.py, the default: HTTP/2 on
     this event loop) or "aio" (grpc.aio). SO_REUSEPORT stays on so that several frontend
     processes share the port. The bound port (useful with grpc_port=0) is available as
     `server.trireme_port`.

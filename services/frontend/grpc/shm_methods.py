@@ -9,7 +9,7 @@ region name as Triton keys it (its ``const char*``, cut at a NUL), the name in f
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from protos import grpc_service_pb2 as pb
@@ -42,9 +42,23 @@ def cuda_status_to_proto(regions: Iterable[Mapping[str, Any]]
 
 
 class SharedMemoryRpcs:
-    """The six RPCs, mixed into methods.GrpcService (which holds ``_dp``)."""
+    """The six RPCs over the data plane ``dp`` (methods.GrpcService owns one)."""
 
-    _dp: DataPlaneAPI
+    __slots__ = ("_dp",)
+
+    def __init__(self, dp: DataPlaneAPI) -> None:
+        self._dp = dp
+
+    def handlers(self) -> dict[str, Callable[[Any, Any], Awaitable[Any]]]:
+        """RPC name -> handler, for the service's method table."""
+        return {
+            "SystemSharedMemoryStatus": self.SystemSharedMemoryStatus,
+            "SystemSharedMemoryRegister": self.SystemSharedMemoryRegister,
+            "SystemSharedMemoryUnregister": self.SystemSharedMemoryUnregister,
+            "CudaSharedMemoryStatus": self.CudaSharedMemoryStatus,
+            "CudaSharedMemoryRegister": self.CudaSharedMemoryRegister,
+            "CudaSharedMemoryUnregister": self.CudaSharedMemoryUnregister,
+        }
 
     # -- system (POSIX) shared memory ----------------------------------------------------
     async def SystemSharedMemoryStatus(self, request: pb.SystemSharedMemoryStatusRequest,

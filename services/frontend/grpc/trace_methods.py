@@ -13,6 +13,7 @@ an empty settings map only reads.
 """
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from protos import grpc_service_pb2 as pb
@@ -105,9 +106,16 @@ def traced_stream_one(handler: Any, dp: DataPlaneAPI) -> Any:
 
 
 class TraceRpcs:
-    """TraceSetting, mixed into methods.GrpcService (which holds ``_dp``)."""
+    """TraceSetting over the data plane ``dp`` (methods.GrpcService owns one)."""
 
-    _dp: DataPlaneAPI
+    __slots__ = ("_dp",)
+
+    def __init__(self, dp: DataPlaneAPI) -> None:
+        self._dp = dp
+
+    def handlers(self) -> dict[str, Callable[[Any, Any], Awaitable[Any]]]:
+        """RPC name -> handler, for the service's method table."""
+        return {"TraceSetting": self.TraceSetting}
 
     async def TraceSetting(self, request: pb.TraceSettingRequest,
                            context: Any) -> pb.TraceSettingResponse:

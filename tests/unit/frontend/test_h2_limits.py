@@ -100,7 +100,7 @@ def test_continuation_beyond_the_header_list_size_closes_the_connection():
         for i in range(4000, len(block), 4000):
             c.frame(CONTINUATION, 0, 3, block[i:i + 4000])
         assert await goaway(c) == (1, ENHANCE_YOUR_CALM, b"")
-        assert len(conn._header_block) <= 16384                     # never held beyond it
+        assert len(conn.receiver._header_block) <= 16384            # never held beyond it
         await closed_then_served(c, server.trireme_port)
     run(body)
 

@@ -87,7 +87,7 @@ def grpc_call(dp: TraceDataPlane, model: str, settings: dict[str, list[str]]) ->
         req.settings[key].value.extend(values)
     service = GrpcService(dp, FrontendSettings(scheduler_addr=""))  # type: ignore[arg-type]
     try:
-        resp = asyncio.run(service.TraceSetting(req, None))
+        resp = asyncio.run(service.trace_rpcs.TraceSetting(req, None))
     except TriremeError as e:
         return grpc_status(e.code).name, e.message
     got = {k: list(v.value) for k, v in resp.settings.items()}
