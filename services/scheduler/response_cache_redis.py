@@ -17,6 +17,7 @@ Triton's); Redis's own maxmemory policy bounds them.
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import os
@@ -116,6 +117,9 @@ class RedisCache:
         self._prefix = prefix.encode()
         self._client: Any = None   # redis.asyncio.Redis, made on the serving loop
         self.lookups = self.hits = self.misses = 0
+        # The lookups of one event-loop turn, by key: fetched together, one MGET (a round
+        # trip each would queue them behind pool_size connections)
+        self._batch: dict[bytes, list[asyncio.Future]] | None = None
 
     @classmethod
     def connect(cls, settings: dict[str, str], prefix: str) -> RedisCache:
@@ -150,13 +154,14 @@ class RedisCache:
         return self._client
 
     async def lookup(self, key: bytes) -> tuple[list[m.TensorRef], list[bytes]] | None:
-        import redis
         self.lookups += 1
-        try:
-            raw = await self._redis().get(self._prefix + key)
-        except (redis.RedisError, OSError) as e:
-            log.warning("Failed to retrieve key: %s: %s", key.hex(), e)
-            raw = None
+        loop = asyncio.get_running_loop()
+        found: asyncio.Future = loop.create_future()
+        if self._batch is None:
+            self._batch = {}
+            loop.create_task(self._fetch())   # (runs once this turn's lookups have joined)
+        self._batch.setdefault(key, []).append(found)
+        raw = await found
         if raw is None:
             self.misses += 1
             return None
@@ -168,6 +173,21 @@ class RedisCache:
             return None
         self.hits += 1
         return value.outputs, value.data
+
+    async def _fetch(self) -> None:
+        import redis
+        batch, self._batch = self._batch or {}, None
+        keys = list(batch)
+        try:
+            raws = await self._redis().mget([self._prefix + k for k in keys])
+        except (redis.RedisError, OSError) as e:
+            for k in keys:
+                log.warning("Failed to retrieve key: %s: %s", k.hex(), e)
+            raws = [None] * len(keys)
+        for k, raw in zip(keys, raws):
+            for f in batch[k]:
+                if not f.done():
+                    f.set_result(raw)
 
     async def insert(self, key: bytes, outputs: list[m.TensorRef], data: list[bytes]) -> str | None:
         import redis
