@@ -31,15 +31,20 @@ def write_config(model_dir: Path, text: str) -> None:
 
 
 def add_sub(model_dir: Path, *, size: int = 16, dtype: str = "fp32", batch: bool = True,
-            versions: tuple[int, ...] = (1,), offset_per_version: bool = False) -> None:
+            versions: tuple[int, ...] = (1,), offset_per_version: bool = False,
+            swapped: tuple[int, ...] = ()) -> None:
     """OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1 (Triton's 'simple' model).
 
-    With offset_per_version, version v adds v-1 to OUTPUT0 so tests can tell versions apart."""
+    With offset_per_version, version v adds v-1 to OUTPUT0 so tests can tell versions apart.
+    The versions in ``swapped`` compute OUTPUT0 = INPUT0 - INPUT1, OUTPUT1 = INPUT0 + INPUT1,
+    as the versions 2 and 3 that Triton's gen_qa_models.py writes (swap=True)."""
     t = ONNX_TYPES[dtype]
     dims = ["batch", size] if batch else [size]
     for v in versions:
-        nodes = [helper.make_node("Add", ["INPUT0", "INPUT1"], ["sum"]),
-                 helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"])]
+        # "sum" is what becomes OUTPUT0 (the difference in a swapped version)
+        add_to, sub_to = ("OUTPUT1", "sum") if v in swapped else ("sum", "OUTPUT1")
+        nodes = [helper.make_node("Add", ["INPUT0", "INPUT1"], [add_to]),
+                 helper.make_node("Sub", ["INPUT0", "INPUT1"], [sub_to])]
         inits = []
         if offset_per_version:
             inits.append(helper.make_tensor("off", t, [], [float(v - 1)]))

@@ -14,8 +14,10 @@ for every `python <test>.py <cases>` line, a fresh `trireme serve` on ports 8000
 (qa_server.py; the QA tests hard-code them: the run stops if one is taken), the test run
 unmodified by a small unittest wrapper (qa_unittest.py) with the shims for the old client
 module names on PYTHONPATH, the server stopped. Prints one row per test case: the test
-file, the run (which test.sh section), the case, the result (pass / fail / error / n/a) and
-the first line of the failure message, then a summary and the models that did not load.
+file, the run (which test.sh section), the case, the result (pass / fail / error / n/a, or
+xfail: a failure of the test's own expectation that Triton fails as well, in a section
+test.sh does not run) and the first line of the failure message, then a summary and the
+models that did not load.
 
 Suites (--only, comma separated; default simple_ensemble,infer_zero):
   simple_ensemble   L0_simple_ensemble: ensemble_test.py, its four EnsembleTest cases, one
@@ -117,7 +119,7 @@ class Phase:
     names: tuple[str, ...] = ()       # unittest names on the command line (none: all)
     repository: Path = Path()
     server_args: tuple[str, ...] = ()
-    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    env: dict[str, str | None] = dataclasses.field(default_factory=dict)   # None: unset
     expected: int | None = None       # check_test_results' expected count
     server_must_fail: bool = False    # test.sh expects run_server to fail
     log_checks: tuple[tuple[str, str], ...] = ()   # (what, text the server log must hold)
@@ -129,6 +131,9 @@ class Phase:
     log_after: tuple[tuple[str, str | re.Pattern], ...] = ()    # log_checks after the test ran
     before: Callable[[], None] | None = None   # test.sh's steps before run_server (redis-cli ...)
     not_run: str = ""                 # why this section is not run here: one n/a row, no server
+    # (text of the failure, why): a case the test's own expectation fails on Triton as well
+    # (a section test.sh does not run); such a failure is "xfail", anything else "fail"
+    expected_failure: tuple[str, str] | None = None
 
 
 @dataclasses.dataclass
@@ -242,7 +247,10 @@ def _run_tests(phase: Phase, work: Path, server_log: Path, timeout_s: float) -> 
     env.pop("PYTHONPATH", None)
     env["PYTHONPATH"] = str(work / "shims")
     for k, v in phase.env.items():
-        env[k] = str(server_log) if v == "<server log>" else v
+        if v is None:   # unset, whatever the runner's own environment holds
+            env.pop(k, None)
+        else:
+            env[k] = str(server_log) if v == "<server log>" else v
     assert phase.test_file is not None
     cmd = [sys.executable, str(HERE / "qa_unittest.py"), "--out", str(out),
            "--module", Path(phase.test_file).stem, *phase.names]
@@ -285,6 +293,20 @@ def _not_applicable(record: dict, repository: Path) -> None:
     if m and not (repository / m.group(1)).exists():
         record["result"] = "n/a"
         record["message"] = f"model '{m.group(1)}' not generated (its framework is left out)"
+
+
+def _expected_failure(record: dict, expected: tuple[str, str] | None) -> None:
+    """A case whose failure is the test's expectation, not the server's answer: "xfail"
+    when it failed with that text; a pass or another failure stays a failure."""
+    if expected is None or record["result"] == "n/a":
+        return
+    text, why = expected
+    if record["result"] in ("fail", "error") and text in record.get("message", ""):
+        record["result"] = "xfail"
+        record["message"] = f"{why} ({record.get('message', '')})"
+    elif record["result"] == "pass":
+        record["result"] = "fail"
+        record["message"] = f"passed, but expected to fail with '{text}': {why}"
 
 
 def _case_name(test_id: str, module: str) -> str:
@@ -360,6 +382,7 @@ def run_phase(phase: Phase, work: Path, args) -> tuple[list[Row], PhaseInfo]:
                 records = _run_tests(phase, work, server_log, args.test_timeout)
                 for r in records:
                     _not_applicable(r, phase.repository)
+                    _expected_failure(r, phase.expected_failure)
                     rows.append(Row(test_name, phase.run, _case_name(r["id"], module),
                                     r["result"], r.get("message", ""), r.get("seconds", 0.0)))
                 if phase.expected is not None and len(records) != phase.expected:

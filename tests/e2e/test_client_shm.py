@@ -1,8 +1,9 @@
 """Client system shared memory end to end (Triton's shared-memory extension), with the
 official tritonclient and its shared_memory utilities: inputs read in place and outputs
-written into the client's regions over HTTP and gRPC, every datatype and BYTES, offsets,
-an ensemble, Triton's error texts, a region registered through one frontend and used
-through the other, the flag off, and no mapping left behind."""
+written into the client's regions over HTTP and gRPC, every datatype and BYTES, offsets
+(page 1023 of a 4 MiB object, every version of a model, direct and batched), an ensemble,
+Triton's error texts, a region registered through one frontend and used through the other,
+the flag off, and no mapping left behind."""
 from __future__ import annotations
 
 import contextlib
@@ -45,6 +46,21 @@ class TritonPythonModel:
         return out
 '''
 B = np.ones((1, 16), dtype=np.int32)
+PAGE = os.sysconf("SC_PAGE_SIZE")
+LARGE = PAGE * 1023   # Triton's test_large_shm_register_offset: page 1023 of a 1024-page object
+# layout: (bytes of each object, {tensor: (object, register offset, registered bytes,
+# request offset)}); a region per (object, register offset)
+LARGE_OFFSETS = {
+    # Triton's test: an object of 1024 pages per tensor, each registered at page 1023
+    "object_per_tensor": (PAGE * 1024, {t: (t, LARGE, 64, 0)
+                                        for t in ("INPUT0", "INPUT1", "OUTPUT0", "OUTPUT1")}),
+    # one 9 MiB object: the inputs' region registered at 1 MiB, the outputs' at page 1023,
+    # each tensor at its own request offset inside its region
+    "one_object": (9 << 20, {"INPUT0": ("o", 1 << 20, 1 << 20, 0),
+                             "INPUT1": ("o", 1 << 20, 1 << 20, (8 << 10) + 12),
+                             "OUTPUT0": ("o", LARGE, 4 << 20, 0),
+                             "OUTPUT1": ("o", LARGE, 4 << 20, (3 << 20) + 4)}),
+}
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +82,12 @@ def server(tmp_path_factory):
     python_model(repo, "gate", GATE, io_config(
         "gate", [("INPUT0", "TYPE_INT32", "[ 16 ]"), ("GATE", "TYPE_STRING", "[ 1 ]")],
         [("OUTPUT0", "TYPE_INT32", "[ 16 ]")]))
+    for name, extra in (("versions", ""), ("versions_batched", "dynamic_batching { }\n")):
+        # Triton's gen_qa_models *_int32_int32_int32: versions 1-3, 2 and 3 swapped
+        add_sub(repo / name, dtype="int32", versions=(1, 2, 3), swapped=(2, 3))
+        write_config(repo / name, f'name: "{name}"\nbackend: "onnxruntime"\nmax_batch_size: 8\n'
+                     'version_policy: { all { } }\n'
+                     'instance_group [{ kind: KIND_CPU, count: 1 }]\n' + extra)
     scale(repo / "scale", ["batch", "n"], factor=2.0)
     write_config(repo / "scale", 'max_batch_size: 8\ninstance_group [{ kind: KIND_CPU }]\n')
     (repo / "chain" / "1").mkdir(parents=True)
@@ -262,6 +284,59 @@ def test_large_tensor_round_trip(server):
                     outputs=[_out(httpclient, "OUTPUT0", rout, x.nbytes)])
             np.testing.assert_array_equal(
                 shm.get_contents_as_numpy(hout, np.float32, list(x.shape)), x)
+    c.close()
+
+
+@pytest.mark.parametrize("layout", sorted(LARGE_OFFSETS))
+@pytest.mark.parametrize("model", ["versions", "versions_batched"])
+@pytest.mark.parametrize("mod,_", CLIENTS)
+def test_large_offsets_every_version(server, mod, _, model, layout):
+    """Regions far into objects over 4 MiB (Triton's test_large_shm_register_offset), on the
+    direct path and through the dynamic batcher, every version asked for: each answer's
+    exact bytes land at register offset + request offset, nothing else in the objects is
+    touched, and the default version is the latest (3, whose outputs are swapped)."""
+    size, spec = LARGE_OFFSETS[layout]
+    c = _client(server, mod)
+    with contextlib.ExitStack() as stack:
+        keys: dict[str, tuple[str, object]] = {}
+        names: dict[tuple[str, int], str] = {}
+        for obj, roff, nbytes, _q in spec.values():
+            if obj not in keys:
+                key = _key()
+                keys[obj] = (key, shm.create_shared_memory_region(f"o_{obj}", key, size))
+                stack.callback(shm.destroy_shared_memory_region, keys[obj][1])
+            if (obj, roff) not in names:
+                names[obj, roff] = f"r{uuid.uuid4().hex[:8]}"
+                c.register_system_shared_memory(names[obj, roff], keys[obj][0], nbytes, roff)
+                stack.callback(c.unregister_system_shared_memory, names[obj, roff])
+
+        def where(t):   # (region name, request offset, handle, offset in the object)
+            obj, roff, _n, q = spec[t]
+            return names[obj, roff], q, keys[obj][1], roff + q
+        for t, x in (("INPUT0", A), ("INPUT1", B)):
+            shm.set_shared_memory_region(where(t)[2], [x], offset=where(t)[3])
+        for version, served in (("1", "1"), ("2", "2"), ("3", "3"), ("", "3")):
+            for t in ("OUTPUT0", "OUTPUT1"):   # a request that writes nothing shows
+                shm.set_shared_memory_region(where(t)[2], [np.full(16, 0x5A5A5A5A, np.int32)],
+                                             offset=where(t)[3])
+            r = c.infer(model, [_in(mod, t, x, where(t)[0], where(t)[1])
+                                for t, x in (("INPUT0", A), ("INPUT1", B))],
+                        model_version=version,
+                        outputs=[_out(mod, t, where(t)[0], 64, where(t)[1])
+                                 for t in ("OUTPUT0", "OUTPUT1")])
+            resp = r.get_response()
+            assert (resp["model_version"] if mod is httpclient else resp.model_version) == served
+            assert _no_bytes(r, mod, "OUTPUT0") and _no_bytes(r, mod, "OUTPUT1")
+            want = (A + B, A - B) if served == "1" else (A - B, A + B)
+            for t, w in zip(("OUTPUT0", "OUTPUT1"), want):
+                got = shm.get_contents_as_numpy(where(t)[2], np.int32, [1, 16], offset=where(t)[3])
+                assert got.tolist() == w.tolist(), (t, version)
+            for obj, (_k, h) in keys.items():   # every other byte of the objects still zero
+                rest = shm.get_contents_as_numpy(h, np.uint8, [size]).copy()
+                for t in spec:
+                    if spec[t][0] == obj:
+                        rest[where(t)[3]:where(t)[3] + 64] = 0
+                assert not rest.any(), (obj, version, np.flatnonzero(rest)[:8])
     c.close()
 
 
