@@ -7,7 +7,8 @@ socket's handler table (and Metrics from /metrics); it is given the model manage
 statistics, and the sending and probing hooks it uses, and keeps no state of its own:
 
     GetStats ─▶ statistics          CheckReady ─▶ check_ready ─▶ Workers.probe (worker_side.py)
-    Load/UnloadModelRequest ─▶ load_or_unload ─▶ ModelManager.load / unload, --model-state-file
+    LoadModelRequest ─▶ load, UnloadModelRequest ─▶ unload ─▶ ModelManager.load / unload,
+                                                              --model-state-file
     SetLogSettings ─▶ log_settings_changed ─▶ every frontend, worker and worker host
     /metrics ─▶ ready_versions, cluster_metrics
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from services.common import logsettings
@@ -143,35 +144,49 @@ class ControlPlane:
                     self._forget_probe(probe_id)
         self._send_frontend(identity, m.ControlDone(msg.ctl_id, err))
 
-    async def load_or_unload(self, identity: bytes, msg: Any) -> None:
-        """Explicit model control (a LoadModelRequest or an UnloadModelRequest), answered
-        with ControlDone; a load or unload is remembered in --model-state-file."""
+    async def load(self, identity: bytes, msg: m.LoadModelRequest) -> None:
+        """Explicit model control: load (or reload) a model, answered with ControlDone and
+        remembered in --model-state-file."""
+        async def load() -> None:
+            _check_model_name(msg.model)
+            override = None
+            if msg.config_json:
+                from services.common.config import config_from_json
+                try:
+                    override = config_from_json(msg.config_json)
+                except TriremeError as e:   # Triton's words; why goes to the log
+                    log.warning("load of '%s': %s", msg.model, e.message)
+                    raise poll_failed(msg.model) from None
+            try:
+                await self._models.load(msg.model, override, msg.files)
+            except LoadFailed as e:   # Triton's words around the reason the index shows
+                raise explicit_load_failed(msg.model, e) from None
+            self._loaded_models.loaded(msg.model, msg.config_json, msg.files)
+
+        await self._control(identity, msg.ctl_id, load)
+
+    async def unload(self, identity: bytes, msg: m.UnloadModelRequest) -> None:
+        """Explicit model control: unload a model (and its dependents when asked),
+        answered with ControlDone and remembered in --model-state-file."""
+        async def unload() -> None:
+            await self._models.unload(msg.model, msg.unload_dependents)
+            self._loaded_models.unloaded(msg.model)
+
+        await self._control(identity, msg.ctl_id, unload)
+
+    async def _control(self, identity: bytes, ctl_id: int,
+                       action: Callable[[], Awaitable[None]]) -> None:
+        """Run an explicit load or unload (refused unless --model-control-mode explicit)
+        and answer it: ControlDone, with the error if it failed."""
         err = None
         try:
             if not self._explicit:
                 raise TriremeError(Code.UNAVAILABLE, "explicit model load / unload is not allowed "
                                                      "if polling is enabled")
-            if isinstance(msg, m.LoadModelRequest):
-                _check_model_name(msg.model)
-                override = None
-                if msg.config_json:
-                    from services.common.config import config_from_json
-                    try:
-                        override = config_from_json(msg.config_json)
-                    except TriremeError as e:   # Triton's words; why goes to the log
-                        log.warning("load of '%s': %s", msg.model, e.message)
-                        raise poll_failed(msg.model) from None
-                try:
-                    await self._models.load(msg.model, override, msg.files)
-                except LoadFailed as e:   # Triton's words around the reason the index shows
-                    raise explicit_load_failed(msg.model, e) from None
-                self._loaded_models.loaded(msg.model, msg.config_json, msg.files)
-            else:
-                await self._models.unload(msg.model, msg.unload_dependents)
-                self._loaded_models.unloaded(msg.model)
+            await action()
         except TriremeError as e:
             err = m.ErrorRecord(int(e.code), e.message)
         except Exception as e:
             log.exception("control request failed")
             err = m.ErrorRecord(int(Code.INTERNAL), str(e))
-        self._send_frontend(identity, m.ControlDone(msg.ctl_id, err))
+        self._send_frontend(identity, m.ControlDone(ctl_id, err))

@@ -183,30 +183,28 @@ class Hosts:
         self.on_change()
 
     # ---------------------------------------------------------------- messages from hosts
-    def on_message(self, identity: bytes, msg: Any) -> bool:
-        """Handle a host's message; False when ``msg`` is not one."""
-        if isinstance(msg, m.HostHeartbeat):
-            host = self.remote.get(identity)
-            if host is not None:
-                host.seen = time.monotonic()
-            else:   # we restarted, or declared it lost: it must introduce itself again
-                self._send(identity, m.StopWorker("", kill=True))
-        elif isinstance(msg, m.HostHello):
-            old = self.remote.pop(identity, None)
-            if old is not None:   # it reconnected: whatever it ran is gone
-                old.lost()
-            host = self.remote[identity] = RemoteHost(identity, msg, self._send, self._worker_args)
-            log.info("worker host %s joined", host.describe())
-            self._send(identity, logsettings.changed())
-            self._wake()
-        elif isinstance(msg, m.WorkerExited):
-            host = self.remote.get(identity)
-            proc = host.procs.get(msg.worker_id) if host is not None else None
-            if proc is not None:
-                proc.exited(msg.pid, msg.code)
-        else:
-            return False
-        return True
+    # (each is an entry of the worker socket's table: worker_side.py)
+    def on_heartbeat(self, identity: bytes, msg: m.HostHeartbeat) -> None:
+        host = self.remote.get(identity)
+        if host is not None:
+            host.seen = time.monotonic()
+        else:   # we restarted, or declared it lost: it must introduce itself again
+            self._send(identity, m.StopWorker("", kill=True))
+
+    def on_hello(self, identity: bytes, msg: m.HostHello) -> None:
+        old = self.remote.pop(identity, None)
+        if old is not None:   # it reconnected: whatever it ran is gone
+            old.lost()
+        host = self.remote[identity] = RemoteHost(identity, msg, self._send, self._worker_args)
+        log.info("worker host %s joined", host.describe())
+        self._send(identity, logsettings.changed())
+        self._wake()
+
+    def on_worker_exited(self, identity: bytes, msg: m.WorkerExited) -> None:
+        host = self.remote.get(identity)
+        proc = host.procs.get(msg.worker_id) if host is not None else None
+        if proc is not None:
+            proc.exited(msg.pid, msg.code)
 
     def peer_lost(self, identity: bytes) -> None:
         """A connection to the worker socket closed: a host's means the host is gone."""

@@ -142,6 +142,12 @@ class Scheduler:
                                self.direct.flush_for_metrics,
                                lambda: self.cache.cache.gauges() if self.cache.cache else [])
         self._frontend_handlers = self._frontend_table()
+        # What answers an ensemble step (the step socket's table; the worker socket's
+        # results and the errors made here for a step come through it too)
+        self._step_handlers: dict[type, Callable[[Any, list[Any]], None]] = {
+            m.InferResult: self._step_result,
+            m.InferResults: self._step_results,
+        }
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -253,8 +259,11 @@ class Scheduler:
 
     def _frontend_table(self) -> dict[type, Callable[[bytes, Any, list[Any]], None]]:
         """What a frontend sends, and who handles it: the frontend socket's one table."""
-        def control(identity: bytes, msg: Any, frames: list[Any]) -> None:
-            asyncio.get_running_loop().create_task(self.control.load_or_unload(identity, msg))
+        def load(identity: bytes, msg: m.LoadModelRequest, frames: list[Any]) -> None:
+            asyncio.get_running_loop().create_task(self.control.load(identity, msg))
+
+        def unload(identity: bytes, msg: m.UnloadModelRequest, frames: list[Any]) -> None:
+            asyncio.get_running_loop().create_task(self.control.unload(identity, msg))
 
         def check_ready(identity: bytes, msg: m.CheckReady, frames: list[Any]) -> None:
             asyncio.get_running_loop().create_task(self.control.check_ready(identity, msg))
@@ -264,9 +273,9 @@ class Scheduler:
             self._forget_regions(forget)
             self._send_frontend(identity, reply)
 
-        def log_settings(identity: bytes, msg: Any, frames: list[Any]) -> None:
+        def set_log_settings(identity: bytes, msg: m.SetLogSettings, frames: list[Any]) -> None:
             settings = logsettings.answer(msg)
-            if isinstance(msg, m.SetLogSettings) and settings.error is None:
+            if settings.error is None:
                 self.control.log_settings_changed()   # (before the answer: the asker has them then)
             self._send_frontend(identity, settings)
 
@@ -280,14 +289,15 @@ class Scheduler:
             m.CheckReady: check_ready,
             m.GetIndex: lambda identity, msg, frames: self._send_frontend(
                 identity, m.Index(msg.ctl_id, self.models.index(msg.ready_only))),
-            m.LoadModelRequest: control,
-            m.UnloadModelRequest: control,
+            m.LoadModelRequest: load,
+            m.UnloadModelRequest: unload,
             m.Cancel: lambda identity, msg, frames: self._cancel(identity, msg),
             m.ShmRegister: regions,
             m.ShmUnregister: regions,
             m.ShmStatus: regions,
-            m.GetLogSettings: log_settings,
-            m.SetLogSettings: log_settings,
+            m.GetLogSettings: lambda identity, msg, frames: self._send_frontend(
+                identity, logsettings.answer(msg)),
+            m.SetLogSettings: set_log_settings,
             m.FrontendHello: self._on_hello,
             m.Pending: lambda identity, msg, frames: self.direct.on_pending(identity, msg),
             m.CacheInsert: self.cache.on_insert,
@@ -542,21 +552,28 @@ class Scheduler:
     def _on_step_results(self, identity: bytes, parts: list[Any]) -> None:
         """The step socket's loop: workers send only ensemble steps' results here."""
         msg, frames = m.decode(parts)
-        if not isinstance(msg, (m.InferResult, m.InferResults)):
-            log.warning("unexpected %s on the step socket", type(msg).__name__)
-            return
         self._step_answered(msg, frames)
 
     def _step_answered(self, msg: Any, frames: list[Any]) -> None:
-        if not isinstance(msg, (m.InferResult, m.InferResults)):
+        """An ensemble step's answer (from the step socket, from the worker socket, or made
+        here: an error): the step table's entry for it."""
+        handler = self._step_handlers.get(type(msg))
+        if handler is None:
+            log.warning("unexpected %s as an ensemble step's answer", type(msg).__name__)
             return
-        for r in (msg,) if isinstance(msg, m.InferResult) else msg.results:
-            # (a decoupled step answers several times: the last has final set)
-            queue = (self._step_queues.pop if r.final else self._step_queues.get)(r.req_id, None)
-            if r.trace and r.final:   # a traced step: its part of the trace
-                self.traces.step_done(r)
-            if queue is not None:
-                queue.step_result(r, frames)
+        handler(msg, frames)
+
+    def _step_results(self, msg: m.InferResults, frames: list[Any]) -> None:
+        for r in msg.results:   # (they share `frames`)
+            self._step_result(r, frames)
+
+    def _step_result(self, r: m.InferResult, frames: list[Any]) -> None:
+        # (a decoupled step answers several times: the last has final set)
+        queue = (self._step_queues.pop if r.final else self._step_queues.get)(r.req_id, None)
+        if r.trace and r.final:   # a traced step: its part of the trace
+            self.traces.step_done(r)
+        if queue is not None:
+            queue.step_result(r, frames)
 
     def _respond(self, p: Pending, result: m.InferResult, frames: list[Any]) -> None:
         if p.trace is not None and result.final:   # a traced ensemble request's answer

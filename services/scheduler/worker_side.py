@@ -124,9 +124,6 @@ class Workers:
         def step_results(identity: bytes, msg: Any, frames: list[Any]) -> None:
             self._step_answered(msg, frames)   # a decoupled step's, after its batch
 
-        def host(identity: bytes, msg: Any, frames: list[Any]) -> None:
-            self._hosts.on_message(identity, msg)
-
         return {
             m.BatchDone: self._on_batch_done,
             m.InferResult: step_results,
@@ -139,9 +136,9 @@ class Workers:
             m.ProbeResult: self._on_probe_result,
             m.WorkerReady: self._on_worker_ready,
             m.ModelLoaded: self._on_model_loaded,
-            m.HostHeartbeat: host,
-            m.HostHello: host,
-            m.WorkerExited: host,
+            m.HostHeartbeat: lambda identity, msg, frames: self._hosts.on_heartbeat(identity, msg),
+            m.HostHello: lambda identity, msg, frames: self._hosts.on_hello(identity, msg),
+            m.WorkerExited: lambda identity, msg, frames: self._hosts.on_worker_exited(identity, msg),
         }
 
     def _on_batch_done(self, identity: bytes, msg: m.BatchDone, frames: list[Any]) -> None:

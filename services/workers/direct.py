@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from services.common import messages as m
@@ -56,6 +57,13 @@ class DirectSide:
         # still queued are kept (a Cancel follows its request on the same connection)
         self._cancelled: set[tuple[str, int]] = set()
         self._sent_at = time.monotonic()
+        # What a frontend sends on a direct connection, and who handles it: the direct
+        # listener's one table
+        self._handlers: dict[type, Callable[[Peer, Any, list[Any]], None]] = {
+            m.InferRequest: self._run,
+            m.InferRequests: self._run_each,
+            m.Cancel: self._late_cancel,
+        }
 
     # ------------------------------------------------------------------ requests
     def on_message(self, peer: Peer, parts: list[Any] | None) -> None:
@@ -63,16 +71,22 @@ class DirectSide:
             self._lost(peer)
             return
         msg, frames = m.decode(parts, for_worker=True)
-        if type(msg) is m.InferRequest:
-            self._run(peer, msg, frames)
-        elif type(msg) is m.InferRequests:
-            for req in msg.requests:   # they share the frames (indexes count over them)
-                self._run(peer, req, frames)
-        elif type(msg) is not m.Cancel:   # (one read late: its requests ran already)
+        handler = self._handlers.get(type(msg))
+        if handler is not None:
+            handler(peer, msg, frames)
+        else:
             log.warning("dropped a %s on a direct connection: not a message for a worker",
                         type(msg).__name__)
         if self._cancelled and not any(p is not None for p, _ in self.hub.queued):
             self._cancelled.clear()   # every request read has run or was answered
+
+    def _run_each(self, peer: Peer, msg: m.InferRequests, frames: list[Any]) -> None:
+        for req in msg.requests:   # they share the frames (indexes count over them)
+            self._run(peer, req, frames)
+
+    def _late_cancel(self, peer: Peer, msg: m.Cancel, frames: list[Any]) -> None:
+        """A Cancel read after its requests (it follows them on the same connection, and
+        _was_cancelled takes the ones read before a request runs): they ran already."""
 
     def _run(self, peer: Peer, req: m.InferRequest, frames: list[Any]) -> None:
         arrived = time.perf_counter_ns()

@@ -20,6 +20,8 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from services.common import logsettings, shm, transport
 from services.common import messages as m
@@ -41,6 +43,12 @@ class WorkerHost:
         self.domain = shm.domain()
         self._conn: transport.Connection | None = None
         self._connected = False
+        # What the scheduler sends a host, and who handles it: the connection's one table
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            m.SpawnWorker: self._on_spawn,
+            m.StopWorker: self._on_stop,
+            m.LogSettingsChanged: self._on_log_settings,
+        }
 
     async def run(self, stop: asyncio.Event) -> None:
         for seg in shm.sweep_stale():
@@ -80,24 +88,30 @@ class WorkerHost:
 
     def _on_message(self, parts: list) -> None:
         msg, _ = m.decode(parts)
-        loop = asyncio.get_running_loop()
-        if isinstance(msg, m.SpawnWorker):
-            loop.create_task(self._spawn(msg))
-        elif isinstance(msg, m.LogSettingsChanged):   # (its workers inherit them)
-            logsettings.apply(msg.settings)
-        elif isinstance(msg, m.StopWorker):
-            if not msg.worker_id:   # the scheduler does not know us (any more)
-                loop.create_task(self._reintroduce())
-                return
-            h = self.workers.get(msg.worker_id)
-            if h is None:
-                self._send(m.WorkerExited(msg.worker_id, 0, 0))   # gone already
-            elif msg.kill:
-                h.kill()
-            else:
-                loop.create_task(h.stop(msg.timeout_s))
-        else:
+        handler = self._handlers.get(type(msg))
+        if handler is None:
             log.warning("unexpected %s from the scheduler", type(msg).__name__)
+            return
+        handler(msg)
+
+    def _on_spawn(self, msg: m.SpawnWorker) -> None:
+        asyncio.get_running_loop().create_task(self._spawn(msg))
+
+    def _on_log_settings(self, msg: m.LogSettingsChanged) -> None:
+        logsettings.apply(msg.settings)   # (its workers inherit them)
+
+    def _on_stop(self, msg: m.StopWorker) -> None:
+        loop = asyncio.get_running_loop()
+        if not msg.worker_id:   # the scheduler does not know us (any more)
+            loop.create_task(self._reintroduce())
+            return
+        h = self.workers.get(msg.worker_id)
+        if h is None:
+            self._send(m.WorkerExited(msg.worker_id, 0, 0))   # gone already
+        elif msg.kill:
+            h.kill()
+        else:
+            loop.create_task(h.stop(msg.timeout_s))
 
     async def _spawn(self, msg: m.SpawnWorker) -> None:
         env = None

@@ -76,7 +76,11 @@ DEFAULT_LIMITS = GrpcLimits()
 
 
 class H2Connection(asyncio.BaseProtocol):
-    """One client connection. ``open_stream(conn, stream_id, headers)`` -> stream app."""
+    """One client connection. ``open_stream(conn, stream_id, headers)`` -> stream app;
+    ``on_open(conn)`` once it is made, ``on_close(conn)`` once it is lost. Over TLS it is
+    made only when the handshake succeeds: one that fails, or a peer that leaves during
+    it, neither makes nor loses it (asyncio and uvloop call neither), so whoever keeps
+    connections must take them from ``on_open``, not from the protocol factory."""
 
     # Slots: a plain instance would outgrow CPython's shared-key dicts (30 keys) and every
     # attribute access on the hot path would get slower. ``data_received``, ``hold`` and
@@ -84,16 +88,18 @@ class H2Connection(asyncio.BaseProtocol):
     # uvloop, too, takes ``data_received`` once, when the transport is made).
     __slots__ = (
         "_blocked", "_closed", "_failed", "_flush_scheduled", "_initial_window", "_last_opened",
-        "_limits", "_loop", "_max_frame", "_max_streams", "_on_close", "_open_stream", "_out",
-        "_queued", "_reading_paused", "_send_window", "_stream_answered", "_streams",
+        "_limits", "_loop", "_max_frame", "_max_streams", "_on_close", "_on_open", "_open_stream",
+        "_out", "_queued", "_reading_paused", "_send_window", "_stream_answered", "_streams",
         "_transport", "_waiters", "_write_closed", "data_received", "goaway_sent", "guards",
         "hold", "idle", "idle_since", "receiver", "taken", "wrote",
     )
 
     def __init__(self, open_stream: Callable[[H2Connection, int, list], Any],
                  on_close: Callable[[H2Connection], None] | None = None,
-                 limits: GrpcLimits | None = None) -> None:
+                 limits: GrpcLimits | None = None,
+                 on_open: Callable[[H2Connection], None] | None = None) -> None:
         self._open_stream = open_stream
+        self._on_open = on_open
         self._on_close = on_close
         self._limits = limits = limits or DEFAULT_LIMITS
         self._transport: asyncio.Transport | None = None
@@ -127,6 +133,8 @@ class H2Connection(asyncio.BaseProtocol):
     # -- asyncio's protocol -----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = t = cast(asyncio.Transport, transport)
+        if self._on_open is not None:
+            self._on_open(self)
         limits = self._limits
         t.set_write_buffer_limits(high=limits.write_buffer_high, low=limits.write_buffer_low)
         self.emit(_preamble(limits))
@@ -565,8 +573,9 @@ class TlsH2Connection(H2Connection):
 
     def __init__(self, open_stream: Callable[[H2Connection, int, list], Any],
                  on_close: Callable[[H2Connection], None] | None = None,
-                 limits: GrpcLimits | None = None) -> None:
-        super().__init__(open_stream, on_close, limits)
+                 limits: GrpcLimits | None = None,
+                 on_open: Callable[[H2Connection], None] | None = None) -> None:
+        super().__init__(open_stream, on_close, limits, on_open)
         self._accepted = self._loop.time()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:

@@ -1,6 +1,6 @@
-"""gRPC over our own HTTP/2 connection (h2_connection), on the frontend's event loop.
+"""gRPC over our own HTTP/2 connection (grpc/h2.py), on the frontend's event loop.
 
-Serves the same method table as the grpc.aio adapter (grpc_server.rpc_methods): unary and
+Serves the same method table as the grpc.aio adapter (methods.rpc_methods): unary and
 bidirectional-streaming calls, length-prefixed messages, gzip/deflate request compression,
 status and message in trailers (percent-encoded, as the gRPC HTTP/2 spec says). Responses are
 never compressed, which every gRPC client accepts. Deadlines (grpc-timeout) are the client's
@@ -20,6 +20,7 @@ answer exists only once it has run, so the room is kept for the calls already ru
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import zlib
 from collections import deque
@@ -471,21 +472,18 @@ class NativeGrpcServer:
             tls = {"ssl": ssl, "ssl_handshake_timeout": self.limits.handshake_timeout_s or None}
         try:
             self._server = await loop.create_server(
-                self._connection if ssl is None else self._tls_connection, host or None, port,
-                reuse_port=True, backlog=1024, **tls)
+                functools.partial(H2Connection if ssl is None else TlsH2Connection,
+                                  self._open_stream, self._closed, self.limits, self._opened),
+                host or None, port, reuse_port=True, backlog=1024, **tls)
         except OSError as e:
             raise socket_in_use(address, e) from e
         self.trireme_port = self._server.sockets[0].getsockname()[1]
 
-    def _connection(self) -> H2Connection:
-        conn = H2Connection(self._open_stream, self._closed, self.limits)
+    def _opened(self, conn: H2Connection) -> None:
+        """A connection is made: kept from now until ``_closed``. Not from the protocol
+        factory: over TLS that runs at accept, and a connection whose handshake fails is
+        then never made nor lost (h2.H2Connection), so it would be kept for good."""
         self._connections[conn] = _Gate(conn, self.limits.max_pending_connection_bytes)
-        return conn
-
-    def _tls_connection(self) -> H2Connection:
-        conn = TlsH2Connection(self._open_stream, self._closed, self.limits)
-        self._connections[conn] = _Gate(conn, self.limits.max_pending_connection_bytes)
-        return conn
 
     def _closed(self, conn: H2Connection) -> None:
         gate = self._connections.pop(conn, None)

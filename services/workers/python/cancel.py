@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from services.common import messages as m
@@ -82,6 +83,8 @@ class Cancels:
                     self._early.popitem(last=False)
 
     def _read(self, conn: Any) -> None:
+        # What the scheduler sends on the cancel channel, and who handles it: its one table
+        handlers: dict[type, Callable[[Any], None]] = {m.Cancel: self._on_cancel}
         while True:
             try:
                 parts = conn.recv()
@@ -92,5 +95,11 @@ class Cancels:
             except m.DecodeError as e:
                 log.warning("ignoring a message on the cancel channel: %s", e)
                 continue
-            if isinstance(msg, m.Cancel):
-                self.cancel([(msg.reply_to, i) for i in msg.req_ids])
+            handler = handlers.get(type(msg))
+            if handler is None:   # the scheduler sends only Cancel here
+                log.warning("unexpected %s on the cancel channel", type(msg).__name__)
+                continue
+            handler(msg)
+
+    def _on_cancel(self, msg: m.Cancel) -> None:
+        self.cancel([(msg.reply_to, i) for i in msg.req_ids])
