@@ -479,6 +479,10 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
     sub.add_parser("frontend", help="one frontend (see trireme frontend --help)", add_help=False)
     sub.add_parser("workers", help="a worker host (see trireme workers --help)", add_help=False)
     sub.add_parser("worker", help="one worker (see trireme worker --help)", add_help=False)
+    sub.add_parser("perf", help="perf_analyzer's interface (see trireme perf --help)",
+                   add_help=False)
+    sub.add_parser("analyze", help="find a model's best configuration (see trireme analyze "
+                                   "--help)", add_help=False)
     return parser
 
 
@@ -494,6 +498,12 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "worker":
         from services.workers.main import main as worker_main
         return worker_main(argv[1:])
+    if argv and argv[0] == "perf":
+        from services.perf.main import main as perf_main
+        return perf_main(argv[1:])
+    if argv and argv[0] == "analyze":
+        from services.analyze.main import main as analyze_main
+        return analyze_main(argv[1:])
     args = parser.parse_args(argv)
     logsettings.configure(logsettings.from_args(args))
     return args.func(args)

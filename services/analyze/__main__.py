@@ -1,0 +1,5 @@
+import sys
+
+from services.analyze.main import main
+
+sys.exit(main())
