@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from services.common import messages as m
-from services.dataplane.cache_key import cache_key
+from services.common.cache_key import cache_key
 from services.dataplane.regions import uses_regions
 from services.dataplane.types import CoreRequest
 

@@ -54,7 +54,7 @@ from services.scheduler.lifecycle import ModelManager
 from services.scheduler.metrics import Metrics
 from services.scheduler.queues import SchedulingQueue
 from services.scheduler.rate_limiter import RateLimiter
-from services.scheduler.response_cache import ResponseCache, make_cache
+from services.scheduler.response_cache import ResponseCache, make_cache, step_key
 from services.scheduler.routes import DirectRoutes, qualifies
 from services.scheduler.sequence import SequenceConfig, SequenceQueue
 from services.scheduler.settings import SchedulerSettings
@@ -546,8 +546,12 @@ class Scheduler:
         if run is not None and run[0].p.trace is not None:   # a traced request's step: a child trace
             req.trace = 1
             self.traces.expect_child(req.req_id, run[0].p.trace)
-        self._infer_one(STEP_IDENTITY, req, frames, shm_domain,
-                        self.models.step_entry(queue.model, req.model))
+        entry = self.models.step_entry(queue.model, req.model)
+        if self.cache.cache is not None:   # its model's own cache, as Triton's composing models
+            model = entry if entry is not None else self.models.lookup(req.model)
+            if model is not None:
+                req.cache_key = step_key(model, req, frames)
+        self._infer_one(STEP_IDENTITY, req, frames, shm_domain, entry)
 
     def _on_step_results(self, identity: bytes, parts: list[Any]) -> None:
         """The step socket's loop: workers send only ensemble steps' results here."""
@@ -572,6 +576,8 @@ class Scheduler:
         queue = (self._step_queues.pop if r.final else self._step_queues.get)(r.req_id, None)
         if r.trace and r.final:   # a traced step: its part of the trace
             self.traces.step_done(r)
+        if r.final and self.cache.cache is not None:   # a miss's answer: kept
+            self.cache.step_answered(STEP_IDENTITY, r, frames)
         if queue is not None:
             queue.step_result(r, frames)
 

@@ -5,7 +5,7 @@ answered before from the cache, without a worker. Owned by the Scheduler (main.p
 every frontend of a server sees the same entries.
 
     frontend: the request's key (its model, version, every input's name, datatype, shape
-        and bytes, the outputs asked for: dataplane/cache_key.py) ─▶ InferRequest.cache_key
+        and bytes, the outputs asked for: common/cache_key.py) ─▶ InferRequest.cache_key
     scheduler: lookup before the request is queued (awaited for Redis:
         response_cache_redis.py) ─▶ hit: the answer, from here
         (InferResult.cached), counted as a success without an execution
@@ -13,6 +13,10 @@ every frontend of a server sees the same entries.
     frontend: the miss's final answer ─▶ CacheInsert (its outputs, or ok=False on an
         error: only successes are kept) ─▶ inserted here; the miss is counted then, its
         time the lookup's plus the insertion's, as Triton counts it
+
+An ensemble's steps are looked up in their own models' caches as Triton's composing
+models are (their key made here: step_key), when every input of the step travels in the
+message; a step's answer is inserted from here (step_answered), when every output does.
 
 Triton's key leaves datatype, shape and the requested outputs out, and then answers a
 request with another request's outputs (its issue #4362); this one does not
@@ -28,9 +32,10 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from services.common import messages as m
+from services.common.cache_key import cache_key
 from services.scheduler.response_cache_redis import RedisCache, namespace
 
 log = logging.getLogger("trireme.cache")
@@ -194,6 +199,27 @@ class LocalCache:
         ]
 
 
+class _Tensor(NamedTuple):
+    name: str
+    datatype: str
+    shape: list[int]
+    data: Any
+
+
+def step_key(entry: Any, req: m.InferRequest, frames: list[Any]) -> bytes:
+    """The key of an ensemble step's request to ``entry``'s model: b"" unless the version
+    it runs on looks requests up and every input is in the message (a step's input in
+    shared memory, or a region of the client's, is not hashed: not looked up)."""
+    vs = entry.ready_version(req.version)
+    if vs is None or vs.queue is None or vs.queue.stats is None or not vs.queue.stats.cached:
+        return b""
+    if req.out_regions or any(t.frame < 0 or t.region for t in req.inputs):
+        return b""
+    return cache_key(entry.name, vs.version,
+                     [_Tensor(t.name, t.datatype, t.shape, frames[t.frame]) for t in req.inputs],
+                     req.outputs)
+
+
 class ResponseCache:
     def __init__(self, cache: LocalCache | RedisCache | None,
                  send_frontend: Callable[[bytes, Any, list[Any]], None],
@@ -201,8 +227,9 @@ class ResponseCache:
         self.cache = cache
         self._send_frontend = send_frontend
         self._frontends = frontends     # () -> the frontends' identities (CacheEvicted)
-        # (frontend, req_id) -> (the version's stats, lookup ns): misses whose answer is due
-        self._misses: collections.OrderedDict[tuple[bytes, int], tuple[Any, int]] = \
+        # (frontend, req_id) -> (the version's stats, lookup ns, key): misses whose answer
+        # is due
+        self._misses: collections.OrderedDict[tuple[bytes, int], tuple[Any, int, bytes]] = \
             collections.OrderedDict()
         self._warned: set[str] = set()
 
@@ -263,7 +290,7 @@ class ResponseCache:
             self._hit(identity, req, stats, t0 - arrival_ns, took, *found)
 
     def _missed(self, identity: bytes, req: m.InferRequest, stats: Any, lookup_ns: int) -> None:
-        self._misses[(identity, req.req_id)] = (stats, lookup_ns)
+        self._misses[(identity, req.req_id)] = (stats, lookup_ns, req.cache_key)
         if len(self._misses) > _MISSES_KEPT:
             self._misses.popitem(last=False)
 
@@ -278,7 +305,7 @@ class ResponseCache:
         waiting = self._misses.pop((identity, msg.req_id), None)
         if waiting is None or self.cache is None:
             return
-        stats, lookup_ns = waiting
+        stats, lookup_ns, _ = waiting
         if not msg.ok:
             return
         data = [bytes(frames[o.frame]) for o in msg.outputs]
@@ -308,6 +335,16 @@ class ResponseCache:
         if error is not None:
             log.warning("Failed to insert key [%s] into response cache: %s", key.hex(), error)
         stats.cache_miss(miss_ns)
+
+    def step_answered(self, identity: bytes, result: m.InferResult, frames: list[Any]) -> None:
+        """An ensemble step's final answer, if its lookup missed: kept as a frontend's
+        CacheInsert would keep it (only a success whose outputs are all in the message)."""
+        waiting = self._misses.get((identity, result.req_id))
+        if waiting is None or result.cached:
+            return
+        inline = result.error is None and all(o.frame >= 0 for o in result.outputs)
+        self.on_insert(identity, m.CacheInsert(result.req_id, waiting[2], list(result.outputs),
+                                               ok=inline), frames)
 
     def frontend_lost(self, identity: bytes) -> None:
         for key in [k for k in self._misses if k[0] == identity]:

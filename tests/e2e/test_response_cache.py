@@ -55,6 +55,11 @@ ensemble_scheduling { step [
 '''
 
 
+# The same steps, the first one a model with a cache, the ensemble without one
+STEPS_CACHED = ENSEMBLE.replace('name: "ens"', 'name: "ens_steps"').replace(
+    "response_cache { enable: true }\n", "").replace('model_name: "plain"', 'model_name: "add_sub"')
+
+
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("cache") / "models"
@@ -69,6 +74,8 @@ def repo(tmp_path_factory) -> Path:
     python_model(root, "scale", SCALE, io_config("scale", [("IN", *F4)], [("OUT", *F4)]))
     (root / "ens" / "1").mkdir(parents=True)
     (root / "ens" / "config.pbtxt").write_text(ENSEMBLE)
+    (root / "ens_steps" / "1").mkdir(parents=True)
+    (root / "ens_steps" / "config.pbtxt").write_text(STEPS_CACHED)
     return root
 
 
@@ -79,7 +86,7 @@ def _loads(*names: str) -> list[str]:
 @pytest.fixture(scope="module")
 def cached(repo):
     with start_server(repo, "--cache-config", "local,size=1048576",
-                      *_loads("add_sub", "matrix", "failer", "ens"), frontends=2) as srv:
+                      *_loads("add_sub", "matrix", "failer", "ens", "ens_steps"), frontends=2) as srv:
         yield srv
 
 
@@ -241,6 +248,32 @@ def test_an_ensemble_hit_skips_every_step(cached):
     assert {m: stat(cached, m)["exec"] - before[m] for m in before} == {"plain": 1, "scale": 1}
     s = stat(cached, "ens")
     assert (s["success"][0], s["cache_hit"][0]) == (3, 2), s
+
+
+def test_an_ensembles_steps_use_their_models_caches(cached):
+    """An ensemble without a cache whose first step's model has one: that step is looked up
+    in its model's cache (Triton's composing models keep their own caches), the other
+    step runs every time."""
+    c = httpclient.InferenceServerClient(cached.http_url)
+    try:
+        a, b = np.full(4, 7, np.float32), np.arange(4, dtype=np.float32)
+        inputs = [httpclient.InferInput("A", [4], "FP32"), httpclient.InferInput("B", [4], "FP32")]
+        inputs[0].set_data_from_numpy(a)
+        inputs[1].set_data_from_numpy(b)
+        before = {m: stat(cached, m) for m in ("add_sub", "scale")}
+        for _ in range(3):
+            np.testing.assert_array_equal(c.infer("ens_steps", inputs).as_numpy("SCALED"),
+                                          2 * (a + b))
+    finally:
+        c.close()
+    wait_until(lambda: stat(cached, "add_sub")["cache_miss"][0] - before["add_sub"]["cache_miss"][0]
+               == 1, 10, "the step's miss to be inserted")
+    after = {m: stat(cached, m) for m in ("add_sub", "scale")}
+    assert after["add_sub"]["exec"] - before["add_sub"]["exec"] == 1
+    assert after["add_sub"]["cache_hit"][0] - before["add_sub"]["cache_hit"][0] == 2
+    assert after["scale"]["exec"] - before["scale"]["exec"] == 3
+    s = stat(cached, "ens_steps")
+    assert (s["success"][0], s["cache_hit"][0], s["cache_miss"][0]) == (3, 0, 0), s
 
 
 # ---- a full cache, an entry too large, no cache -------------------------------------------
