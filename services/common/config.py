@@ -151,7 +151,8 @@ def normalize(cfg: mc.ModelConfig) -> None:
     """NormalizeModelConfig, in place. Run after auto-complete and again after complete_io."""
     if not cfg.HasField("version_policy"):
         cfg.version_policy.latest.num_versions = 1
-    # Triton (and protocol.md §3) fill preferred_batch_size with [max_batch_size] when empty.
+    # Triton (and ../shared/reference/protocol.md §3) fill preferred_batch_size with
+    # [max_batch_size] when empty.
     if cfg.HasField("dynamic_batching") and not cfg.dynamic_batching.preferred_batch_size \
             and cfg.max_batch_size > 0:
         cfg.dynamic_batching.preferred_batch_size.append(cfg.max_batch_size)

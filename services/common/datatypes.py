@@ -20,7 +20,7 @@ from typing import Any, Literal
 import ml_dtypes
 import numpy as np
 
-from services.common.errors import TriremeError, invalid_arg
+from services.common.errors import JSON_NOT_ARRAY, JSON_NOT_STRING, TriremeError, invalid_arg
 
 # API datatype -> numpy dtype (explicitly little-endian: it is the wire order).
 _NUMPY: dict[str, np.dtype] = {
@@ -203,10 +203,9 @@ def bytes_tensor_count(buf: Any) -> int:
 # send them. The texts are Triton's. Triton answers the type and count errors with 500
 # (TritonJson's error passes through as INTERNAL): they are the client's, so here 400.
 
-DATA_NOT_ARRAY_TEXT = "Unable to parse 'data': attempt to access JSON non-array as array"
+DATA_NOT_ARRAY_TEXT = f"Unable to parse 'data': {JSON_NOT_ARRAY}"
 DATA_SHAPE_TEXT = "Unable to parse 'data': Shape does not match true shape of 'data' field"
-BYTES_NOT_STRING_TEXT = ("Unable to parse JSON bytes array: attempt to access JSON "
-                         "non-string as string")
+BYTES_NOT_STRING_TEXT = f"Unable to parse JSON bytes array: {JSON_NOT_STRING}"
 NUMBER_TOO_BIG_TEXT = ("failed to parse the request JSON buffer: Number too big to be stored "
                        "in double.")
 _INT64 = (-(1 << 63), (1 << 63) - 1)

@@ -2,6 +2,12 @@
 scheduler's ensemble queue (scheduler/ensemble.py) and a frontend's chains
 (dataplane/chain.py). Tensors are never copied: a step's input or an answer's output is a
 new TensorRef over the same bytes, an inline frame or the same shared-memory block.
+
+As in Triton (core ensemble_scheduler.cc), a tensor can be there without data (ABSENT): an
+optional ensemble input the request left out, or an output a step did not produce. It
+counts as there for the steps that read it (a step runs once each of its inputs is there,
+and is sent without the absent ones: its model says whether it may do without), and the
+answer leaves it out.
 """
 from __future__ import annotations
 
@@ -10,7 +16,18 @@ from typing import Any
 
 from services.common import messages as m
 
-Tensors = dict[str, tuple[m.TensorRef, Any]]   # ensemble tensor name -> (ref, inline data)
+Tensors = dict[str, tuple[m.TensorRef | None, Any]]   # ensemble tensor -> (ref, inline data)
+ABSENT: tuple[None, None] = (None, None)   # a tensor there without data (see above)
+
+
+def request_tensors(inputs: Iterable[m.TensorRef], frames: list[Any],
+                    optional: Iterable[str]) -> Tensors:
+    """An ensemble request's tensors: its inputs, and ``optional`` ensemble inputs it left
+    out, ABSENT."""
+    tensors: Tensors = {t.name: (t, frames[t.frame] if t.frame >= 0 else None) for t in inputs}
+    for name in optional:
+        tensors.setdefault(name, ABSENT)
+    return tensors
 
 
 def renamed(ref: m.TensorRef, name: str, data: Any, frames: list[Any]) -> m.TensorRef:
@@ -29,7 +46,8 @@ def step_inputs(input_map: Mapping[str, str], tensors: Tensors) -> tuple[list[m.
     frames: list[Any] = []
     for step_input, name in input_map.items():
         ref, data = tensors[name]
-        inputs.append(renamed(ref, step_input, data, frames))
+        if ref is not None:
+            inputs.append(renamed(ref, step_input, data, frames))
     return inputs, frames
 
 
@@ -37,39 +55,48 @@ def take_outputs(result: m.InferResult, frames: list[Any], output_map: Mapping[s
                  tensors: Tensors, blocks: set[tuple[str, int]],
                  release: Callable[[list[tuple[str, int]]], None]) -> None:
     """A step's outputs become ensemble tensors (``output_map``: step output -> ensemble
-    tensor); their blocks join ``blocks``, those of outputs no tensor takes are released."""
+    tensor); their blocks join ``blocks``, those of outputs no tensor takes are released.
+    The tensors of outputs the step did not produce are ABSENT."""
+    produced = set()
     for o in result.outputs:
         name = output_map.get(o.name)
         if name is None:
             if o.segment:
                 release([(o.segment, o.offset)])
             continue
+        produced.add(o.name)
         tensors[name] = (o, frames[o.frame] if o.frame >= 0 else None)
         if o.segment:
             blocks.add((o.segment, o.offset))
+    for output, name in output_map.items():
+        if output not in produced:
+            tensors[name] = ABSENT
 
 
 def answer_outputs(names: Iterable[str], tensors: Tensors
                    ) -> tuple[list[m.TensorRef], list[Any], set[tuple[str, int]]]:
-    """The answer's outputs (those of ``names`` there are), their frames, and the blocks
-    that go out with them (the frontend hands those back)."""
+    """The answer's outputs (those of ``names`` there are, with data), their frames, and the
+    blocks that go out with them (the frontend hands those back)."""
     outputs: list[m.TensorRef] = []
     frames: list[Any] = []
     sent: set[tuple[str, int]] = set()
     for name in names:
-        if name in tensors:
-            ref, data = tensors[name]
+        ref, data = tensors.get(name, ABSENT)
+        if ref is not None:
             if ref.segment:
                 sent.add((ref.segment, ref.offset))
             outputs.append(renamed(ref, name, data, frames))
     return outputs, frames, sent
 
 
-def sequence_echo(params: Mapping[str, Any]) -> dict[str, Any]:
-    """What Triton's ensemble answers carry of the request's sequence flags."""
-    if not params.get("sequence_id"):
+def sequence_echo(params: Mapping[str, Any], outputs: list[m.TensorRef]) -> dict[str, Any]:
+    """What Triton's ensemble answers carry of the request's sequence flags: all three, as
+    the request set them (a string sequence id as a string) or their defaults, 0 and false,
+    when it did not; none in an answer without outputs (Triton 2.51 writes them with each
+    output it sets), over HTTP and gRPC."""
+    if not outputs:
         return {}
-    return {"sequence_id": params["sequence_id"],
+    return {"sequence_id": params.get("sequence_id", 0),
             "sequence_start": params.get("sequence_start") is True,
             "sequence_end": params.get("sequence_end") is True}
 

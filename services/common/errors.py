@@ -70,6 +70,26 @@ def unsupported(msg: str) -> TriremeError:
 CANCELLED_TEXT = "Request cancelled"
 REPOSITORY_NAME_UNSUPPORTED = "'repository_name' specification is not supported"
 
+# TritonJson's accessor errors (triton common, triton_json.h), which Triton's HTTP server
+# passes on, most of them as "Unable to parse '<field>': <text>" (unable_to_parse).
+JSON_NOT_STRING = "attempt to access JSON non-string as string"
+JSON_NOT_BOOL = "attempt to access JSON non-boolean as boolean"
+JSON_NOT_UINT = "attempt to access JSON non-unsigned-integer as unsigned-integer"
+JSON_NOT_ARRAY = "attempt to access JSON non-array as array"
+JSON_NOT_OBJECT = "attempt to get members for non-object"
+
+
+def json_no_member_text(name: str) -> str:
+    """TritonJson's MemberAs*() of a member the object lacks (or of any member of a value
+    that is not an object)."""
+    return f"attempt to access non-existing object member '{name}'"
+
+
+def unable_to_parse(field: str, why: str) -> TriremeError:
+    """Triton's RETURN_MSG_IF_ERR(..., "Unable to parse '<field>'") around a TritonJson error
+    (Triton: INTERNAL, 500; the client's mistake: 400 here, docs/compat.md)."""
+    return invalid_arg(f"Unable to parse '{field}': {why}")
+
 
 def json_not_utf8_text(name: str, index: int) -> str:
     """A BYTES output asked for as JSON with an element that is not UTF-8 (Triton writes the

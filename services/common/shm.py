@@ -39,7 +39,7 @@ _DOMAIN_FILE = ".trireme-domain"   # not a segment: sweeps and leak checks pass 
 _counter = itertools.count()  # per process, so two arenas of one role never collide
 
 
-# Below this many bytes a tensor travels inline as a ZeroMQ frame; above it, through shared
+# Below this many bytes a tensor travels inline as a frame of its message; above it, through shared
 # memory: the crossover measured by benchmarks/inline_threshold.py (figures in
 # docs/benchmarks.md, "Figures behind design choices").
 DEFAULT_INLINE_THRESHOLD = 128 * 1024

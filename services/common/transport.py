@@ -8,7 +8,7 @@ Both give the same three ends: a ``Listener`` (bound; answers each peer by the i
 announced; close() removes its socket file), a ``Connection`` (connects, queues while
 disconnected, reconnects) on an asyncio loop, and a ``BlockingConnection`` for the worker's
 synchronous loop. Received parts are memoryviews the handler may keep. Why two: ZeroMQ is
-what separate containers and existing deployments use; a plain stream socket costs a
+what deployments that name tcp:// or ipc:// addresses use; a plain stream socket costs a
 quarter of ZeroMQ's latency per hop on this machine (see transport_stream). A peer in the
 listener's own process (the in-process frontend) skips the wire (transport_inproc).
 """

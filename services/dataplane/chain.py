@@ -13,8 +13,9 @@ that instance's error. The ensemble's semantics are the scheduler's (ensemble.py
 here in the same words: a step's outputs become ensemble tensors (output_map), the next
 step's inputs are read from them (input_map); tensors in a worker's shared memory go on as
 the same reference; only the steps leading to the requested outputs run; a failing step
-fails the request "in ensemble '<e>', <its error>" with its code; an output a step left out
-is left out of the answer, and with none left the request fails as Triton's does; a
+fails the request "in ensemble '<e>', <its error>" with its code; an output a step left out,
+or an optional input the request left out, is absent (ensemble_tensors.ABSENT): a step it
+feeds is sent without it, the answer leaves it out, as Triton's; a
 cancelled request's step is cancelled and the request answered CANCELLED once that step
 has answered (its worker may be reading the inputs until then).
 
@@ -33,6 +34,7 @@ from services.common.ensemble_tensors import (
     Tensors,
     answer_outputs,
     deadlock_text,
+    request_tensors,
     sequence_echo,
     step_inputs,
     take_outputs,
@@ -109,8 +111,8 @@ class Chains:
         """Run ``msg`` (to ensemble ``info``) along ``plan``, its first step on ``route``."""
         wanted = msg.outputs or [o.name for o in info.outputs]
         run = Run(msg, info.name, version, _needed(plan, wanted), wanted)
-        run.tensors = {t.name: (t, frames[t.frame] if t.frame >= 0 else None)
-                       for t in msg.inputs}
+        run.tensors = request_tensors(msg.inputs, frames,
+                                      [i.name for i in info.inputs if i.optional])
         self._by_req[msg.req_id] = run
         self._advance(run, route)
 
@@ -174,14 +176,14 @@ class Chains:
 
     # ------------------------------------------------------------------ answers
     def _complete(self, run: Run) -> None:
-        """No step is left to run: the answer, with the wanted outputs there are (Triton
-        answers without one a step left out), or with none of them, its error."""
-        present = [n for n in run.wanted if n in run.tensors]
-        if not present:
+        """No step is left to run: the answer, without the wanted outputs that are ABSENT
+        (a step left them out: Triton answers without them), or, when a wanted tensor never
+        came, Triton's error."""
+        if not all(n in run.tensors for n in run.wanted):
             self._fail(run, Code.INVALID_ARG, deadlock_text(run.msg.request_id), "OTHER")
             return
-        outputs, frames, sent = answer_outputs(present, run.tensors)
-        echo = sequence_echo(run.msg.parameters)
+        outputs, frames, sent = answer_outputs(run.wanted, run.tensors)
+        echo = sequence_echo(run.msg.parameters, outputs)
         self._end(run, run.blocks - sent, "")
         self._deliver(m.InferResult(run.msg.req_id, run.version, outputs, parameters=echo),
                       frames)

@@ -534,7 +534,7 @@ class DataPlane:
 
     def _answer_copy(self, req: CoreRequest, version: int, key: bytes, copy: Copy,
                      waiter: asyncio.Future | asyncio.Queue, lookup_ns: int) -> int:
-        """A response cache hit answered from this frontend's copy (hits.py); the scheduler
+        """A response cache hit answered from this frontend's copy (response_cache.py); the scheduler
         counts it (CacheHit)."""
         req_id = next(self._ids)
         self._pending[req_id] = waiter

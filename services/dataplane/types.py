@@ -33,6 +33,7 @@ class CoreRequest:
     inputs: list[InputTensor] = field(default_factory=list)
     outputs: list[RequestedOutput] | None = None  # None -> every output
     parameters: dict[str, Any] = field(default_factory=dict)
+    raw: bool = False                   # an HTTP raw binary request (its one input unnamed)
 
 
 @dataclass(slots=True)

@@ -310,8 +310,9 @@ def _check_byte_size(req, model, t, expected: int) -> None:
             got = 0                              # no data at all: Triton sees 0 bytes
     else:
         got = data.nbytes if isinstance(data, memoryview) else len(data)
-    if got != expected:
-        raise invalid_arg(f"{_rid(req)}input byte size mismatch for input '{t.name}' for model "
+    if got != expected:   # (a raw request's input keeps the name Triton's HTTP server gives it)
+        name = "raw_input" if req.raw else t.name
+        raise invalid_arg(f"{_rid(req)}input byte size mismatch for input '{name}' for model "
                           f"'{model}'. Expected {expected}, got {got}")
 
 

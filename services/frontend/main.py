@@ -17,7 +17,7 @@ from services.frontend.forward import pattern_arg
 from services.frontend.grpc.limits import add_grpc_limit_args, grpc_limits_from_args
 from services.frontend.restricted import GROUPS as RESTRICTED_GROUPS
 from services.frontend.restricted import RestrictionAction, Restrictions
-from services.frontend.settings import DEFAULT_HTTP_MAX_INPUT_SIZE, FrontendSettings
+from services.frontend.settings import DEFAULT_HTTP_MAX_INPUT_SIZE, HEALTH_BODIES, FrontendSettings
 from services.frontend.tls import TlsError, add_tls_args, load, tls_from_args
 
 log = logging.getLogger("trireme.frontend")
@@ -79,6 +79,10 @@ def add_frontend_args(p: argparse.ArgumentParser) -> list[argparse.Action]:
         p.add_argument("--http-max-input-size", type=_max_input_size,
                        default=DEFAULT_HTTP_MAX_INPUT_SIZE,
                        help="the largest HTTP request body, in bytes (Triton's flag)"),
+        p.add_argument("--http-health-body", choices=HEALTH_BODIES, default="empty",
+                       help="the body of the health and model-ready answers: empty (Triton's) "
+                            "or json (the Open Inference Protocol's {\"live\": true}, which "
+                            "KServe's client reads)"),
         p.add_argument("--server-name", default="trireme",
                        help='name reported by server metadata ("triton" for Triton test suites)'),
         p.add_argument("--inline-threshold", type=int, default=DEFAULT_INLINE_THRESHOLD,
@@ -148,7 +152,8 @@ def settings_from_args(args: argparse.Namespace, scheduler_addr: str,
         scheduler_addr=scheduler_addr, result_addr=result_addr, host=args.host,
         http_port=args.http_port, grpc_port=args.grpc_port, allow_http=args.allow_http,
         allow_grpc=args.allow_grpc, http_max_input_size=args.http_max_input_size,
-        server_name=args.server_name, inline_threshold=args.inline_threshold,
+        server_name=args.server_name, http_health_body=args.http_health_body,
+        inline_threshold=args.inline_threshold,
         use_shm=not args.no_shm, grpc_impl=args.grpc_impl, http_impl=args.http_impl,
         http_header_timeout_secs=args.http_header_timeout_secs,
         http_body_timeout_secs=args.http_body_timeout_secs,

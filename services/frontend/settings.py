@@ -11,6 +11,7 @@ from services.frontend.restricted import Restrictions
 from services.frontend.tls import TlsConfig
 
 DEFAULT_HTTP_MAX_INPUT_SIZE = 64 * 1024 * 1024
+HEALTH_BODIES = ("empty", "json")   # --http-health-body
 
 # Triton's extension list, in Triton's order, restricted to what is implemented.
 EXTENSIONS = ["classification", "sequence", "model_repository",
@@ -63,6 +64,11 @@ class FrontendSettings(DataPlaneSettings):
     (--http-header-forward-pattern; forward.py); None: none do."""
     grpc_header_forward_pattern: str | None = None
     """The same for gRPC inference calls' metadata (--grpc-header-forward-pattern)."""
+    http_health_body: str = "empty"
+    """What GET /v2/health/live, /v2/health/ready and /v2/models/m/ready answer with their
+    status (--http-health-body): "empty" (Triton's empty body, which Triton's QA scripts
+    compare with curl) or "json" (the Open Inference Protocol's {"live": true},
+    {"ready": true}, {"name": m, "ready": true}, which KServe's own client reads)."""
 
     def server_metadata(self) -> dict:
         return {"name": self.server_name, "version": self.server_version, "extensions": EXTENSIONS}
@@ -70,6 +76,9 @@ class FrontendSettings(DataPlaneSettings):
     def __post_init__(self) -> None:
         if self.grpc_impl not in ("native", "aio"):
             raise ValueError(f"grpc_impl must be 'native' or 'aio', got '{self.grpc_impl}'")
+        if self.http_health_body not in HEALTH_BODIES:
+            raise ValueError(f"http_health_body must be one of {', '.join(HEALTH_BODIES)}, got "
+                             f"'{self.http_health_body}'")
         if self.http_impl not in ("native", "aiohttp"):
             raise ValueError(f"http_impl must be 'native' or 'aiohttp', got '{self.http_impl}'")
         for name in ("http_header_forward_pattern", "grpc_header_forward_pattern"):

@@ -5,7 +5,7 @@ and answers a single question whenever an instance is free: which requests run n
 long to wait before asking again. It never sleeps, sends or reads a clock itself: the caller
 passes ``now`` (monotonic ns), so unit tests give exact arrival patterns.
 
-Dynamic batching (reference/protocol.md §5, after Triton's DynamicBatchScheduler):
+Dynamic batching (../shared/reference/protocol.md §5, after Triton's DynamicBatchScheduler):
 - walk the queue in order (priority level 1 first; within a level, on-time requests, then
   the ones a DELAY policy pushed back), growing a pending batch; stop before exceeding
   max_batch_size, or at a request whose shape differs where shapes must be equal, or whose

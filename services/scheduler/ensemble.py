@@ -27,9 +27,11 @@ from typing import Any
 
 from services.common import messages as m
 from services.common.ensemble_tensors import (
+    ABSENT,
     Tensors,
     answer_outputs,
     deadlock_text,
+    request_tensors,
     sequence_echo,
     step_inputs,
     take_outputs,
@@ -73,6 +75,7 @@ class EnsembleQueue:
         self.model, self.version = model, version
         self.steps = [cfg.ensemble_scheduling.step[i] for i in order]
         self.outputs = [o.name for o in cfg.output]
+        self.optional = [i.name for i in cfg.input if i.optional]
         self.max_inflight = cfg.ensemble_scheduling.max_inflight_requests or 0
         self.submit, self.respond, self.fail, self.release = submit, respond, fail, release
         # (never one: lifecycle.py starts no instance for an ensemble)
@@ -139,8 +142,7 @@ class EnsembleQueue:
     def _start(self, p: Any) -> None:
         run = Run(p)
         skip = set(range(len(self.steps))) - self._needed(p.req.outputs or self.outputs)
-        branch = Branch({t.name: (t, p.frames[t.frame] if t.frame >= 0 else None)
-                         for t in p.req.inputs}, skip)
+        branch = Branch(request_tensors(p.req.inputs, p.frames, self.optional), skip)
         run.branches.append(branch)
         self.active.append(run)
         self._advance(run, branch)
@@ -237,14 +239,11 @@ class EnsembleQueue:
                 self._finish(run, branch)
 
     def _end(self, run: Run) -> None:
-        """No step runs and none can start: the request is over."""
+        """No step runs and none can start: the request is over. (An output a step left
+        out is ABSENT, there for the answer, which leaves it out: a plain ensemble ends here
+        only when a wanted tensor never came, as when a decoupled step sent no response.)"""
         if self.decoupled:
             self._finish(run)
-            return
-        wanted = run.p.req.outputs or self.outputs
-        partial = [b for b in run.branches if any(o in b.tensors for o in wanted)]
-        if partial:   # a step left an output out: answer without it, as Triton does
-            self._finish(run, partial[0])
         else:
             self._finish(run, error=(Code.INVALID_ARG, deadlock_text(run.p.req.request_id)))
 
@@ -254,10 +253,10 @@ class EnsembleQueue:
         p = run.p
         wanted = p.req.outputs or self.outputs
         for name in wanted:
-            if name not in branch.tensors:
+            if branch.tensors.get(name, ABSENT)[0] is None:
                 log.debug("Composing models did not output tensor %s", name)
         outputs, frames, sent = answer_outputs(wanted, branch.tensors)
-        echo = sequence_echo(p.req.parameters)
+        echo = sequence_echo(p.req.parameters, outputs)
         run.answered = True
         run.blocks -= sent
         self.respond(p, m.InferResult(p.req.req_id, self.version, outputs, parameters=echo,

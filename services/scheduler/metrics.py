@@ -1,7 +1,7 @@
 """Prometheus metrics for every model, served by the scheduler on --metrics-port.
 
 Names, types, help texts and labels are Triton's (core/src/metrics.cc, metric_model_reporter
-.cc; reference/protocol.md §6), so dashboards and alerts built for Triton keep working, and
+.cc; ../shared/reference/protocol.md §6), so dashboards and alerts built for Triton keep working, and
 so is what --metrics-config turns on and off. prometheus_client would expose counters as
 `<name>_total` plus `<name>_created`; Triton exposes the bare name, so the text format is
 written here, families in Triton's order (counters, gauges, histograms, summaries). The

@@ -116,12 +116,25 @@ class VersionStats:
             self.latency.first_response(duration_ns)
 
     def completed(self, rows: int, duration_ns: int) -> None:
-        """A request answered without an execution of its own: an ensemble's (its steps
-        count in their composing models' statistics, as in Triton)."""
+        """A request answered without an execution of its own: an ensemble's. Triton counts
+        it as one execution of its batch size (core ensemble_scheduler.cc RequestTracker:
+        UpdateSuccessWithDuration, UpdateInferBatchStatsWithDuration), so the ensemble has
+        an execution_count, batch_stats and queue / compute records as any model has; its
+        steps count in their composing models' statistics too. Triton's compute durations
+        here are the sums of its steps'; the workers do not report those per request, so
+        they are 0 (docs/compat.md)."""
+        rows = max(1, rows)
         self.last_inference_ms = time.time_ns() // 1_000_000
         self.inference_count += rows
+        self.execution_count += 1
         self.success[0] += 1
         self.success[1] += duration_ns
+        for record in (self.queue, self.compute_input, self.compute_infer, self.compute_output):
+            record[0] += 1
+        b = self.batches.get(rows)
+        if b is None:
+            b = self.batches[rows] = [0, 0, 0, 0]
+        b[0] += 1
         if self.latency is not None:
             self.latency.answered(time.monotonic_ns(), duration_ns, True)
 

@@ -1,13 +1,13 @@
 """The worker process: one model instance, one framework, one blocking loop.
 
     scheduler ──LoadModel / ExecuteBatch / ReleaseOutputs / Shutdown──▶ worker
-    scheduler ──Cancel (own connection, own thread: services/workers/cancel.py)──▶ worker
+    scheduler ──Cancel (own connection, own thread: services/workers/python/cancel.py)──▶ worker
     worker ──WorkerReady / ModelLoaded / BatchDone──▶ scheduler
     worker ──InferResult (+ frames or refs into this worker's output arena)──▶ frontend
     frontend ──InferRequest (the direct path: services/workers/direct.py)──▶ worker
 
 The loop is synchronous on purpose: a worker runs one batch at a time, and a framework
-call holds the thread anyway. Inputs are read in place (ZeroMQ frames or the frontend's
+call holds the thread anyway. Inputs are read in place (the message's frames or the frontend's
 shared memory); outputs above the inline threshold go into this worker's own arena and
 are freed when the consumer sends them back (ReleaseOutputs, via the scheduler). The
 result connections, their retries and the lent blocks are results.py's (ResultSender, owned).
@@ -331,7 +331,7 @@ class Worker:
         outputs = self.backend.execute(inputs, wanted)
         times[1] = time.perf_counter_ns()
         # 3. scatter: split back per request as views; one message per frontend carries
-        #    all of its results (ZeroMQ costs per message, not per byte).
+        #    all of its results (a hop costs per message, not per byte).
         if bio is not None:   # batch outputs split by their source input's shapes
             split = bio.scatter(outputs, [it.batch_size for it in items], per_item)
             for it, mine in zip(items, split):

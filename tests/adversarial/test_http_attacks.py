@@ -258,7 +258,7 @@ def test_json_nested_100k_levels(server, watch):
     RecursionError). As the document, and as a tensor's data."""
     depth = 100_000
     assert _post(server, b"[" * depth + b"]" * depth) == (
-        400, "Unable to parse 'inputs': expected a JSON object")
+        400, "Unable to parse 'inputs': attempt to access non-existing object member 'inputs'")
     data = b"[" * depth + b"1" + b"]" * depth
     body = (b'{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,16],"data":' + data
             + b'},{"name":"INPUT1","datatype":"FP32","shape":[1,16],"data":' + data + b"}]}")

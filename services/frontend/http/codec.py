@@ -30,9 +30,21 @@ from services.common.datatypes import (
     json_to_buffer,
     numbers_to_buffer,
 )
-from services.common.errors import TriremeError, internal, invalid_arg, json_not_utf8_text
+from services.common.errors import (
+    JSON_NOT_ARRAY,
+    JSON_NOT_BOOL,
+    JSON_NOT_OBJECT,
+    JSON_NOT_STRING,
+    JSON_NOT_UINT,
+    TriremeError,
+    internal,
+    invalid_arg,
+    json_no_member_text,
+    json_not_utf8_text,
+    unable_to_parse,
+)
 from services.dataplane.types import CoreRequest, CoreResponse, InputTensor, RequestedOutput
-from services.frontend.http.json_body import MAX_DATA_NESTING, check_nesting, decode_json, json_object
+from services.frontend.http.json_body import MAX_DATA_NESTING, check_nesting, decode_json
 from services.frontend.http.params import check_request_params
 
 __all__ = [
@@ -50,9 +62,10 @@ _encode_response = functools.partial(orjson.dumps, option=orjson.OPT_SERIALIZE_N
 _U32 = struct.Struct("<I")
 _SHM_KEYS = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
 _UINT64_MAX = 2**64 - 1
+_ABSENT: Any = object()   # a member the JSON object does not have
 _INT64_MAX = 2**63 - 1
 _TYPE_SIZE = {dt: element_size(dt) or 0 for dt in DATATYPES}   # TRITONSERVER_DataTypeByteSize
-_NOT_UINT = "attempt to access JSON non-unsigned-integer as unsigned-integer"
+_RAW_ID = "[request id: <id_unknown>] "   # LogRequest() of a raw request: it has no id
 
 
 def _uint(value: Any) -> bool:
@@ -64,9 +77,10 @@ def _uint(value: Any) -> bool:
 
 def parse_header_length(value: str | None, body_len: int) -> int | None:
     """Inference-Header-Content-Length: None when absent (the body is all JSON); 0 means
-    a raw binary request (Triton's GetInferenceHeaderLength)."""
+    a raw binary request (Triton's GetInferenceHeaderLength). Absent, the header length is
+    the body's, as in Triton: an empty body is a raw binary request (a zero-byte tensor)."""
     if value is None:
-        return None
+        return None if body_len else 0
     try:
         n = int(value)
     except ValueError:
@@ -89,7 +103,7 @@ class _JsonInput(msgspec.Struct, forbid_unknown_fields=True):
 class _JsonRequest(msgspec.Struct, forbid_unknown_fields=True):
     inputs: list[_JsonInput]
     id: str = ""
-    parameters: dict | None = None
+    parameters: dict | msgspec.UnsetType = msgspec.UNSET   # (null: refused, as Triton)
     outputs: list | msgspec.UnsetType = msgspec.UNSET
 
 
@@ -112,26 +126,31 @@ def decode_infer_request(model: str, version: str, body: Any,
         if fast is not None:
             return fast
         header_length = end
-    doc = json_object(decode_json(mv[:header_length] if header_length < end else body), "inputs")
+    doc = decode_json(mv[:header_length] if header_length < end else body)
+    if type(doc) is not dict:   # (TritonJson finds no member in it: "inputs" is missing)
+        raise unable_to_parse("inputs", json_no_member_text("inputs"))
 
+    # Triton's order and words (ParseJsonTritonRequestID, ParseJsonTritonParams,
+    # ParseJsonTritonIO): TritonJson's errors; Triton answers them 500, here 400.
     req_id = doc.get("id", "")
     if type(req_id) is not str:
-        raise invalid_arg("Unable to parse 'id': expected a string")
-    params = doc.get("parameters")
+        raise unable_to_parse("id", JSON_NOT_STRING)
+    params = doc.get("parameters", _ABSENT)
     binary_default = False
-    if params is None:
+    if params is _ABSENT:
         params = {}
     elif type(params) is not dict:
-        raise invalid_arg("Unable to parse 'parameters': expected a JSON object")
+        raise invalid_arg(f"failed to get request params.: {JSON_NOT_OBJECT}")
     elif params:
         check_request_params(params)     # Triton's types, its reserved 'triton_' keys
         if "binary_data_output" in params:
             # Consumed here as Triton does: a wire setting, not a parameter for the model.
             binary_default = params.pop("binary_data_output")
 
-    inputs_json = doc.get("inputs")
+    inputs_json = doc.get("inputs", _ABSENT)
     if type(inputs_json) is not list:
-        raise invalid_arg("Unable to parse 'inputs': expected an array")
+        raise unable_to_parse("inputs", json_no_member_text("inputs") if inputs_json is _ABSENT
+                              else JSON_NOT_ARRAY)
     inputs: list[InputTensor] = []
     offset = header_length
     # Fewer "[" in the whole JSON than the depth limit: no "data" can reach it (one C pass).
@@ -147,7 +166,7 @@ def decode_infer_request(model: str, version: str, body: Any,
     if "outputs" in doc:
         outputs_json = doc["outputs"]
         if type(outputs_json) is not list:
-            raise invalid_arg("Unable to parse 'outputs': expected an array")
+            raise unable_to_parse("outputs", JSON_NOT_ARRAY)
         outputs = [_decode_output(o) for o in outputs_json] or None
     return CoreRequest(model, version, req_id, inputs, outputs, params), binary_default
 
@@ -164,7 +183,7 @@ def _decode_json_request(model: str, version: str,
         return None
     params = doc.parameters
     binary_default = False
-    if params is None:
+    if params is msgspec.UNSET:
         params = {}
     elif params:
         check_request_params(params)     # (its errors are the generic path's too)
@@ -197,13 +216,14 @@ def _decode_json_request(model: str, version: str,
 
 def _decode_input(model: str, item: Any, mv: memoryview, offset: int, end: int,
                   nesting: bool = True) -> tuple[InputTensor, int]:
-    if type(item) is not dict:
-        raise invalid_arg("Unable to parse 'inputs': expected an array of JSON objects")
+    """One of "inputs", checked in Triton's order (ParseJsonTritonIO): the content type,
+    "name", "datatype", "shape", then the data. A "parameters" that is not an object holds
+    nothing here, as in Triton (TritonJson's Find() finds no member in it)."""
+    if type(item) is not dict:   # (TritonJson finds no member in it either)
+        item = {}
     params = item.get("parameters")
-    if params is None:
+    if type(params) is not dict:
         params = {}
-    elif type(params) is not dict:
-        raise invalid_arg("Unable to parse 'parameters': expected a JSON object")
     has_data = "data" in item
     has_binary = "binary_data_size" in params
     has_shm = "shared_memory_region" in params
@@ -214,37 +234,26 @@ def _decode_input(model: str, item: Any, mv: memoryview, offset: int, end: int,
             "Input must set only one of the following fields: 'data', 'binary_data_size' "
             "in 'parameters', 'shared_memory_region' in 'parameters'. But "
             + (("set " + " ".join(found)) if found else "no field is set"))
-    name = item.get("name")
-    if type(name) is not str:
-        raise invalid_arg("Unable to parse 'name': expected a string")
-    datatype = item.get("datatype")
-    if type(datatype) is not str:
-        raise invalid_arg(f"Unable to parse 'datatype' of input '{name}': expected a string")
-    shape = item.get("shape")   # TritonJson's words (Triton: 500; the client's mistake: 400)
+    name = _member_string(item, "name")
+    datatype = _member_string(item, "datatype")
+    shape = item.get("shape", _ABSENT)
     if type(shape) is not list:
-        raise invalid_arg("Unable to parse 'shape': " + (
-            "attempt to access non-existing object member 'shape'" if shape is None
-            else "attempt to access JSON non-array as array"))
+        raise unable_to_parse("shape", json_no_member_text("shape") if shape is _ABSENT
+                              else JSON_NOT_ARRAY)
     if not all(_uint(d) for d in shape):
-        raise invalid_arg("Unable to parse 'shape': attempt to access JSON "
-                          "non-unsigned-integer as unsigned-integer")
+        raise unable_to_parse("shape", JSON_NOT_UINT)
 
     if has_binary:
         size = params["binary_data_size"]
         if not _uint(size):
-            raise invalid_arg(f"Unable to parse 'binary_data_size' of input '{name}': "
-                              f"expected a non-negative integer")
+            raise unable_to_parse("binary_data_size", JSON_NOT_UINT)
         if offset + size > end:
             raise invalid_arg(f"unexpected size for input '{name}', expecting "
                               f"{offset + size - end} additional bytes for model '{model}'")
         return InputTensor(name, datatype, shape, mv[offset:offset + size], params), \
             offset + size
     if has_shm:
-        if type(params["shared_memory_region"]) is not str:
-            raise invalid_arg("Unable to parse 'shared_memory_region': expected a string")
-        for key in _SHM_KEYS[1:]:
-            if key in params and not _uint(params[key]):
-                raise invalid_arg(f"Unable to parse '{key}': expected a non-negative integer")
+        _check_shm_params(params)
         return InputTensor(name, datatype, shape, None, params), offset
     # JSON data, read by Triton's rules (datatypes.json_to_buffer: FP16/BF16 refused)
     data = item["data"]
@@ -288,37 +297,57 @@ def _dims(shape: list[int]) -> str:
     return "[" + ",".join(map(str, shape)) + "]"
 
 
+def _member_string(item: dict, key: str) -> str:
+    """TritonJson's MemberAsString(key), wrapped in Triton's "Unable to parse '<key>'"."""
+    value = item.get(key, _ABSENT)
+    if type(value) is not str:
+        raise unable_to_parse(key, json_no_member_text(key) if value is _ABSENT
+                              else JSON_NOT_STRING)
+    return value
+
+
+def _check_shm_params(params: dict) -> None:
+    """Triton's CheckSharedMemoryData: the types of the shared-memory parameters."""
+    if "shared_memory_region" in params and type(params["shared_memory_region"]) is not str:
+        raise unable_to_parse("shared_memory_region", JSON_NOT_STRING)
+    for key in _SHM_KEYS[1:]:
+        if key in params and not _uint(params[key]):
+            raise unable_to_parse(key, JSON_NOT_UINT)
+
+
 def _decode_output(item: Any) -> RequestedOutput:
+    """One of "outputs", checked in Triton's order: ValidateOutputParameter, "name",
+    CheckClassificationOutput, CheckSharedMemoryData, CheckBinaryOutputData. A "parameters"
+    that is not an object holds nothing (as for inputs)."""
     if type(item) is not dict:
-        raise invalid_arg("Unable to parse 'outputs': expected an array of JSON objects")
-    name = item.get("name")
-    if type(name) is not str:
-        raise invalid_arg("Unable to parse 'name': expected a string")
+        item = {}
     params = item.get("parameters")
-    if params is None:
-        return RequestedOutput(name)
     if type(params) is not dict:
-        raise invalid_arg(f"Unable to parse 'parameters' of output '{name}': expected a "
-                          f"JSON object")
+        params = {}
     binary = params.get("binary_data", False)
-    if type(binary) is not bool:
-        raise invalid_arg(f"Unable to parse 'binary_data' of output '{name}': expected a "
-                          f"boolean")
     if "shared_memory_region" in params:  # Triton's ValidateOutputParameter
         if "classification" in params:
             raise invalid_arg("Output can't set both 'shared_memory_region' and "
                               "'classification'")
+        if type(binary) is not bool:
+            raise invalid_arg(f"Unable to set 'binary_data': {JSON_NOT_BOOL}")
         if binary:
             raise invalid_arg("Output can't set both 'shared_memory_region' and "
                               "'binary_data'")
+    name = _member_string(item, "name")
+    if not params:
+        return RequestedOutput(name)
     if "classification" in params:  # CheckClassificationOutput
         k = params["classification"]
-        if not _uint(k) or k > _UINT64_MAX:
-            raise invalid_arg(f"Unable to set 'classification': {_NOT_UINT}")
+        if not _uint(k):
+            raise invalid_arg(f"Unable to set 'classification': {JSON_NOT_UINT}")
         # Triton keeps k as a uint32: a count whose low 32 bits are 0 asks for nothing
         params = {**params, "classification": k & 0xFFFFFFFF}
         if not params["classification"]:
             del params["classification"]
+    _check_shm_params(params)
+    if type(binary) is not bool:
+        raise unable_to_parse("binary_data", JSON_NOT_BOOL)
     return RequestedOutput(name, params)
 
 
@@ -330,8 +359,9 @@ def decode_raw_request(model: str, version: str, body: Any, config: dict) -> Cor
     [1] and the body becomes its one element. `config` is the model's ModelConfig JSON."""
     inputs = config.get("input") or []
     if len(inputs) != 1:
-        raise invalid_arg(f"Raw request must only have 1 input (found 1) to be deduced but "
-                          f"got {len(inputs)} inputs in '{model}' model configuration")
+        raise invalid_arg(f"{_RAW_ID}Raw request must only have 1 input (found 1) to be "
+                          f"deduced but got {len(inputs)} inputs in '{model}' model "
+                          f"configuration")
     cin = inputs[0]
     name = cin.get("name", "")
     datatype = config_to_api(cin.get("data_type", "TYPE_INVALID"))
@@ -341,7 +371,7 @@ def decode_raw_request(model: str, version: str, body: Any, config: dict) -> Cor
         d = int(d)
         if d == -1:
             if variable != -1:
-                raise invalid_arg(f"The shape of the raw input '{name}' can not be deduced "
+                raise invalid_arg(f"{_RAW_ID}The shape of the raw input '{name}' can not be deduced "
                                   f"because there are more than one variable-sized dimension")
             variable = len(shape)
         else:
@@ -351,13 +381,13 @@ def decode_raw_request(model: str, version: str, body: Any, config: dict) -> Cor
     data: Any = body
     if datatype == "BYTES":
         if variable != -1 or count != 1:
-            raise invalid_arg(f"For BYTE datatype raw input '{name}', the model must have "
+            raise invalid_arg(f"{_RAW_ID}For BYTE datatype raw input '{name}', the model must have "
                               f"input shape [1]")
         data = _U32.pack(nbytes) + bytes(body)
     elif variable != -1:
         per = count * (element_size(datatype) or 1)
         shape[variable] = nbytes // per if per else 0
-    return CoreRequest(model, version, "", [InputTensor(name, datatype, shape, data)])
+    return CoreRequest(model, version, "", [InputTensor(name, datatype, shape, data)], raw=True)
 
 
 # ---- inference responses ---------------------------------------------------------------

@@ -47,7 +47,8 @@ from services.common.datatypes import (
     buffer_to_json_array,
     json_to_buffer,
 )
-from services.common.errors import TriremeError, internal, invalid_arg, unsupported
+from services.common.errors import JSON_NOT_OBJECT, TriremeError, internal, invalid_arg, unsupported
+from services.common.errors import JSON_NOT_STRING as _NOT_STRING
 from services.dataplane.api import DataPlaneAPI
 from services.dataplane.types import CoreRequest, CoreResponse, InputTensor
 from services.frontend.http.json_body import check_nesting, decode_json, error_body
@@ -62,7 +63,6 @@ ONE_RESPONSE_TEXT = ("generate expects model to produce exactly 1 response, use 
                      "stream for model that generates various number of responses")
 _ENCODING_TEXT = "Unsupported content-encoding, only 'identity' is supported."
 _SHAPE_TEXT = "The schema can not convert input '{}' to tensor with proper shape"
-_NOT_STRING = "attempt to access JSON non-string as string"
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 _encode = orjson.dumps
 _SORTED = orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY
@@ -112,7 +112,7 @@ def decode_generate_request(model: str, version: str, body: Any,
             raise invalid_arg(f"Unable to parse 'id': {_NOT_STRING}")
         req.id = rid
     if members is None:
-        raise invalid_arg("attempt to get members for non-object")
+        raise invalid_arg(JSON_NOT_OBJECT)
     specs = {i["name"]: i for i in metadata.get("inputs", ())}
     _convert(req, members, first, specs, top=True)
     return req

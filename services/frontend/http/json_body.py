@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import base64
 import binascii
-import re
+import json
 from typing import Any
 
 import msgspec
 import numpy as np
 
 from services.common.errors import invalid_arg, unrecognized_load_parameter
+from services.frontend.http import json_syntax
 
 __all__ = [
     "MAX_DATA_NESTING",
@@ -34,7 +35,7 @@ __all__ = [
 
 encode_json = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
-_MSGSPEC_ERROR = re.compile(r"^(?:JSON is malformed: )?(.*?)(?: \(byte (\d+)\))?$")
+_PARSE_FAILED = "failed to parse the request JSON buffer: "
 # Triton's HTTP_MAX_JSON_NESTING_DEPTH (src/common.h): a tensor's JSON "data" nested this
 # deep is refused, in these words (ReadDataFromJson prefixes "Unable to parse 'data'" for
 # every datatype but BYTES).
@@ -72,23 +73,53 @@ def size_limit_message(kind: str, size: int | None, limit: int) -> str:
 # ---- JSON ------------------------------------------------------------------------------
 
 def decode_json(buf: Any) -> Any:
-    """Parse a JSON document; errors read like Triton's (rapidjson wording where it maps):
-    "failed to parse the request JSON buffer: <reason> at <offset>". Any depth: a document
-    nested deeper than msgspec's recursion allows is read with its deep values cut off
-    (_shallow), never a RecursionError (which would be a 500)."""
+    """Parse a JSON document as Triton's parser (rapidjson) reads it: NaN, Inf and Infinity
+    are numbers, a NUL byte ends the document. Its errors are rapidjson's, in its words and
+    at its offsets (json_syntax.py): "failed to parse the request JSON buffer: <reason> at
+    <offset>". Any depth: a document nested deeper than msgspec's recursion allows is read
+    with its deep values cut off (_shallow), never a RecursionError (which would be a 500)."""
     try:
         return _decode(buf)
-    except (msgspec.DecodeError, ValueError) as e:
-        raise invalid_arg(_json_error_text(e, buf)) from None
+    except (msgspec.DecodeError, ValueError):
+        return _decode_refused(bytes(buf))
     except RecursionError:
         pass
     try:
         return _decode(_shallow(buf))
-    except (msgspec.DecodeError, ValueError) as e:
-        raise invalid_arg(_json_error_text(e, buf)) from None
+    except (msgspec.DecodeError, ValueError):
+        return _decode_refused(bytes(buf))
     except RecursionError:   # only if the stack was nearly spent already
-        raise invalid_arg("failed to parse the request JSON buffer: the document is nested "
-                          "too deeply") from None
+        raise invalid_arg(f"{_PARSE_FAILED}the document is nested too deeply") from None
+
+
+def _decode_refused(data: bytes) -> Any:
+    """A body msgspec refused: rapidjson's error, or the document rapidjson reads where
+    msgspec does not (NaN and the infinities, bytes after a NUL)."""
+    spellings: list[tuple[int, int, bytes]] = []
+    reason, end = json_syntax.scan(data, spellings)
+    if reason is not None:
+        raise invalid_arg(f"{_PARSE_FAILED}{reason} at {end}")
+    data = data[:end]
+    try:
+        data.decode()
+    except UnicodeDecodeError as e:
+        # Differs from Triton, which takes a string's bytes as they are: text is UTF-8.
+        raise invalid_arg(f"{_PARSE_FAILED}Invalid encoding in string. at {e.start}") from None
+    if spellings:   # rapidjson's -NaN, Inf and -Inf: Python's json reads NaN and Infinity
+        parts: list[bytes] = []
+        at = 0
+        for start, stop, spelling in spellings:
+            parts += (data[at:start], spelling)
+            at = stop
+        data = b"".join([*parts, data[at:]])
+    try:
+        return _decode(data)        # (a NUL ended the document: msgspec reads the rest)
+    except (msgspec.DecodeError, ValueError, RecursionError):
+        pass
+    try:
+        return json.loads(data)     # NaN, Infinity, -Infinity
+    except RecursionError:
+        return json.loads(_shallow(data))
 
 
 def _shallow(buf: Any) -> bytes:
@@ -139,25 +170,6 @@ def _shallow(buf: Any) -> bytes:
         depth = int(after[-1])
         deep_before = bool(deep[-1])
     return b"".join(parts)
-
-
-def _json_error_text(exc: Exception, buf: Any) -> str:
-    data = bytes(buf)
-    m = _MSGSPEC_ERROR.match(str(exc))
-    reason, offset = (m.group(1), m.group(2)) if m else (str(exc), None)
-    if not data.strip():
-        reason, offset = "The document is empty.", len(data)
-    elif reason.startswith("invalid character"):
-        reason = "Invalid value."
-    elif reason.startswith("trailing characters"):
-        reason = "The document root must not be followed by other values."
-    elif "truncated" in reason:
-        reason, offset = "Unexpected end of the document.", len(data)
-    elif isinstance(exc, UnicodeDecodeError):
-        reason, offset = "Invalid encoding in string.", exc.start
-    elif reason:
-        reason = reason[0].upper() + reason[1:] + ("" if reason.endswith(".") else ".")
-    return f"failed to parse the request JSON buffer: {reason} at {offset or 0}"
 
 
 def json_object(doc: Any, what: str) -> dict:

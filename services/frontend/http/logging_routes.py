@@ -18,7 +18,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.common.errors import TriremeError, internal, invalid_arg, unavailable, unsupported
+from services.common.errors import (
+    JSON_NOT_BOOL,
+    JSON_NOT_STRING,
+    JSON_NOT_UINT,
+    TriremeError,
+    internal,
+    invalid_arg,
+    unavailable,
+    unsupported,
+)
 from services.common.logsettings import FORMATS, LOG_FILE_TEXT, as_json, verbose_level
 from services.dataplane.api import DataPlaneAPI
 from services.frontend.http import json_body
@@ -33,10 +42,8 @@ _JSON = "application/json"
 _NOT_ALLOWED = Reply(405, json_body.error_body("Method Not Allowed"), _JSON)
 _BOOLS = ("log_info", "log_warning", "log_error")
 _UINT64_MAX = 2**64 - 1
-# TritonJson (INTERNAL)
-NOT_BOOL_TEXT = "attempt to access JSON non-boolean as boolean"
-NOT_UINT_TEXT = "attempt to access JSON non-unsigned-integer as unsigned-integer"
-NOT_STRING_TEXT = "attempt to access JSON non-string as string"
+# TritonJson (INTERNAL): services/common/errors.py
+NOT_BOOL_TEXT, NOT_UINT_TEXT, NOT_STRING_TEXT = JSON_NOT_BOOL, JSON_NOT_UINT, JSON_NOT_STRING
 
 
 def _parse(body: Any) -> Any:

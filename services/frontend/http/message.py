@@ -1,6 +1,6 @@
-"""The shapes both HTTP servers share with the handlers (http_server._Handlers): a Reply (and
+"""The shapes both HTTP servers share with the handlers (routes.Handlers): a Reply (and
 a StreamReply, whose body is sent as it is produced), the body errors, case-insensitive
-Headers; and the native server's request (http1), which gathers its own body as the parser
+Headers; and the native server's request (http/connection.py), which gathers its own body as the parser
 hands it over.
 
 A handler sees a request as: ``method``, ``path`` (percent-decoded, as aiohttp's
@@ -172,7 +172,7 @@ class Request:
             raise BodyTooLarge(self._too_large)
         raise BodyError(self._error)
 
-    # -- from the connection (http1) ---------------------------------------------------------
+    # -- from the connection (connection.py) -------------------------------------------------
     def start_body(self, length: str | None, encoding: str | None,
                    spare: bytearray | None = None) -> bool:
         """From the Content-Length and Content-Encoding headers, as aiohttp reads them: any

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from services.common.errors import JSON_NOT_BOOL as _NOT_BOOL
+from services.common.errors import JSON_NOT_STRING as _NOT_STRING
+from services.common.errors import JSON_NOT_UINT as _NOT_UINT
 from services.common.errors import invalid_arg
 
 _UINT64_MAX = 2**64 - 1
-_NOT_STRING = "attempt to access JSON non-string as string"
-_NOT_BOOL = "attempt to access JSON non-boolean as boolean"
-_NOT_UINT = "attempt to access JSON non-unsigned-integer as unsigned-integer"
 RESERVED_TEXT = ("parameter keys starting with 'triton_' are reserved for Triton usage and "
                  "should not be specified.")
 

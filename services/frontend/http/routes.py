@@ -1,13 +1,13 @@
 """The HTTP adapter: Triton's HTTP/REST API (KServe v2 + Triton extensions).
 
-Thin by design: each handler reads the request, converts it with http_codec into the
+Thin by design: each handler reads the request, converts it with http/codec.py into the
 internal types, calls the one data plane object (`dp`) and converts the answer back. No
 model logic here. Routing follows Triton's src/http_server.cc (HTTPAPIServer::Handle and
 its regexes); the error -> HTTP status mapping is the one table below.
 
 Handlers see a small request shape (method, path, query, case-insensitive headers,
-`await read()` for the whole decompressed body; see http_message) and answer a Reply. Two
-servers carry them: the native HTTP/1.1 server (http1, the default) and aiohttp's low-level
+`await read()` for the whole decompressed body; see http/message.py) and answer a Reply. Two
+servers carry them: the native HTTP/1.1 server (http/engine.py, the default) and aiohttp's low-level
 server (--http-impl aiohttp), each adapting its own request and response objects, so
 routes, texts and codes are the same on both.
 
@@ -88,6 +88,9 @@ _NOT_ALLOWED = _error_reply(405, "Method Not Allowed")
 _NOT_FOUND = _error_reply(404, "Not Found")
 _OK = Reply(200)
 _NOT_LIVE = Reply(400)
+# --http-health-body json: the Open Inference Protocol's bodies, with Triton's statuses
+_JSON_HEALTH = {(kind, state): Reply(200 if state else 400, json_body.encode_json({kind: state}),
+                                     _JSON) for kind in ("live", "ready") for state in (True, False)}
 
 
 def _with_headers(reply: Reply, headers: dict[str, str] | None) -> Reply:
@@ -123,6 +126,7 @@ class Handlers:
         self.limit = settings.http_max_input_size
         self._forward = forward.maybe(settings.http_header_forward_pattern)
         self._metadata = json_body.encode_json(settings.server_metadata())
+        self._json_health = settings.http_health_body == "json"
         self._exact = {
             "/v2": self.server_metadata,
             "/v2/health/live": self.health_live,
@@ -218,12 +222,19 @@ class Handlers:
     async def health_live(self, request: Any) -> Reply:
         if request.method != "GET":
             return _NOT_ALLOWED
-        return _OK if self.dp.live() else _NOT_LIVE
+        return self._health("live", self.dp.live())
 
     async def health_ready(self, request: Any) -> Reply:
         if request.method != "GET":
             return _NOT_ALLOWED
-        return _OK if self.dp.ready() else _NOT_LIVE
+        return self._health("ready", self.dp.ready())
+
+    def _health(self, kind: str, state: bool) -> Reply:
+        """Triton's answer: 200 or 400 and no body (its QA scripts compare curl's output
+        with "200"); with --http-health-body json, {"live": true} and so on."""
+        if self._json_health:
+            return _JSON_HEALTH[(kind, state)]
+        return _OK if state else _NOT_LIVE
 
     async def server_metadata(self, request: Any) -> Reply:
         if request.method != "GET":
@@ -239,6 +250,8 @@ class Handlers:
         if request.method != "GET":
             return _NOT_ALLOWED
         if await self.dp.model_ready(model, version):
+            if self._json_health:
+                return _json_reply(json_body.encode_json({"name": model, "ready": True}))
             return _OK
         return _error_reply(400, "Model version not ready")  # Triton's HandleModelReady
 

@@ -25,7 +25,13 @@ import base64
 import re
 from typing import Any
 
-from services.common.errors import TriremeError, invalid_arg
+from services.common.errors import (
+    JSON_NOT_STRING,
+    JSON_NOT_UINT,
+    TriremeError,
+    invalid_arg,
+    json_no_member_text,
+)
 from services.dataplane.api import DataPlaneAPI
 from services.frontend.http import json_body
 from services.frontend.http.message import BodyTooLarge, Reply
@@ -47,10 +53,8 @@ NO_KEY_TEXT = "Shared memory register request has no 'key' field"
 NO_BYTE_SIZE_TEXT = "Shared memory register request has no 'byte_size' field"
 NO_RAW_HANDLE_TEXT = "Shared memory register request has no 'raw_handle' field"
 BAD_HANDLE_TEXT = "'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t"
-# TritonJson (INTERNAL in Triton, 400 here)
-_NOT_STRING = "attempt to access JSON non-string as string"
-_NOT_UINT = "attempt to access JSON non-unsigned-integer as unsigned-integer"
-_NO_MEMBER = "attempt to access non-existing object member '{}'"
+# TritonJson (INTERNAL in Triton, 400 here): services/common/errors.py
+_NOT_STRING, _NOT_UINT = JSON_NOT_STRING, JSON_NOT_UINT
 
 CUDA_IPC_HANDLE_SIZE = 64               # sizeof(cudaIpcMemHandle_t)
 _INT_MAX = 2**31 - 1
@@ -105,7 +109,7 @@ def decode_system_register(body: Any) -> tuple[str, int, int]:
 def _member_uint(doc: dict, name: str) -> int:
     """TritonJson's MemberAsUInt."""
     if name not in doc:
-        raise invalid_arg(_NO_MEMBER.format(name))
+        raise invalid_arg(json_no_member_text(name))
     return _uint(doc[name])
 
 
@@ -128,7 +132,7 @@ def decode_cuda_register(body: Any) -> tuple[bytes, int, int]:
         raise invalid_arg(NO_RAW_HANDLE_TEXT)
     raw = doc["raw_handle"]
     if type(raw) is not dict or "b64" not in raw:
-        raise invalid_arg(_NO_MEMBER.format("b64"))
+        raise invalid_arg(json_no_member_text("b64"))
     b64 = raw["b64"]
     if type(b64) is not str:
         raise invalid_arg(_NOT_STRING)

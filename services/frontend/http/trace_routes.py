@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from services.common import messages as m
-from services.common.errors import TriremeError, internal, invalid_arg
+from services.common.errors import JSON_NOT_ARRAY, JSON_NOT_STRING, TriremeError, internal, invalid_arg
 from services.dataplane.api import DataPlaneAPI
 from services.frontend import trace
 from services.frontend.http import json_body
@@ -36,9 +36,8 @@ TRACE_PATH = "/v2/trace/setting"
 _JSON = "application/json"
 _NOT_ALLOWED = Reply(405, json_body.error_body("Method Not Allowed"), _JSON)
 _NOT_FOUND = Reply(404, json_body.error_body("Not Found"), _JSON)
-# TritonJson (INTERNAL)
-NOT_ARRAY_TEXT = "attempt to access JSON non-array as array"
-NOT_STRING_TEXT = "attempt to access JSON non-string as string"
+# TritonJson (INTERNAL): services/common/errors.py
+NOT_ARRAY_TEXT, NOT_STRING_TEXT = JSON_NOT_ARRAY, JSON_NOT_STRING
 
 
 def _string(value: Any) -> str:

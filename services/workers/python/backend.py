@@ -9,9 +9,9 @@ as_numpy().
 
 Responses return from execute() (one per request), or through each request's response
 sender (decoupled models, or any execute that returns None), from any thread. An async
-execute runs on this worker's event loop thread; BLS calls go through services/workers/bls.py.
+execute runs on this worker's event loop thread; BLS calls go through services/workers/python/bls.py.
 A request's is_cancelled() turns True when its client goes away, also while execute() runs
-(services/workers/cancel.py).
+(services/workers/python/cancel.py).
 """
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
 """`triton_python_backend_utils` as a Python model sees it (imported as pb_utils).
 
-The names, signatures and texts follow Triton's python_backend (reference/protocol.md §8)
+The names, signatures and texts follow Triton's python_backend (../shared/reference/protocol.md §8)
 so that Triton's own example models run unmodified. The worker installs this module under
 the name ``triton_python_backend_utils`` before it imports a model.py; the top-level shim
 of the same name makes it importable elsewhere (tests, a model author's editor).
 
-Tensors wrap numpy arrays without copies: a request's inputs are views on the ZeroMQ
+Tensors wrap numpy arrays without copies: a request's inputs are views on the message's
 frame or shared-memory block they arrived in, valid for as long as the model holds them.
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ def _no_bls() -> Any:
     raise TritonModelException("BLS and model control need a running Trireme worker")
 
 
-# The worker fills these in (services/workers/python_backend.py); models never touch them.
+# The worker fills these in (services/workers/python/backend.py); models never touch them.
 _bls: Any = _no_bls         # () -> the BLS client of this worker, started on first use
 _model_name = ""
 
@@ -143,7 +143,7 @@ class InferenceRequest:
             parameters = json.loads(parameters)
         self._parameters = dict(parameters or {})
         self._sender: InferenceResponseSender | None = None
-        self._flag: Any = None   # the worker's cancel flag (services/workers/cancel.py)
+        self._flag: Any = None   # the worker's cancel flag (services/workers/python/cancel.py)
         self._trace = trace if trace is not None else InferenceTrace()
 
     def trace(self) -> InferenceTrace:

@@ -231,17 +231,18 @@ def test_raw_request_deduces_the_variable_dim():
 
 
 def test_raw_request_errors():
+    """Triton 2.51's texts, each with LogRequest()'s prefix (a raw request has no id)."""
     two = _config({"name": "A", "data_type": "TYPE_FP32", "dims": [16]},
                   {"name": "B", "data_type": "TYPE_FP32", "dims": [16]})
     assert _raises(codec.decode_raw_request, "add_sub", "", b"x", two) == (
-        "Raw request must only have 1 input (found 1) to be deduced but got 2 inputs in "
-        "'add_sub' model configuration")
+        "[request id: <id_unknown>] Raw request must only have 1 input (found 1) to be "
+        "deduced but got 2 inputs in 'add_sub' model configuration")
     cfg = _config({"name": "A", "data_type": "TYPE_FP32", "dims": [-1, -1]})
     assert "can not be deduced because there are more than one variable-sized dimension" in \
         _raises(codec.decode_raw_request, "m", "", b"x", cfg)
     cfg = _config({"name": "A", "data_type": "TYPE_STRING", "dims": [-1]})
     assert _raises(codec.decode_raw_request, "m", "", b"x", cfg) == \
-        "For BYTE datatype raw input 'A', the model must have input shape [1]"
+        "[request id: <id_unknown>] For BYTE datatype raw input 'A', the model must have input shape [1]"
 
 
 def test_raw_bytes_input_becomes_one_element():

@@ -179,7 +179,7 @@ def test_the_key_is_cut_at_a_nul_as_triton_reads_it():
      "attempt to access JSON non-unsigned-integer as unsigned-integer"),
     # the body is parsed even when empty (EVRequestToJsonAllowsEmpty); TritonJson: INTERNAL
     (b"", 400, "failed to parse the request JSON buffer: The document is empty. at 0"),
-    (b"{", 400, "failed to parse the request JSON buffer: Unexpected end of the document. at 1"),
+    (b"{", 400, "failed to parse the request JSON buffer: Missing a name for object member. at 1"),
 ])
 def test_system_register_body_errors(body, status, text):
     dp = ShmDataPlane()
