@@ -25,7 +25,6 @@ from services.frontend.http.message import (
     Request,
     StreamReply,
 )
-from services.frontend.http.streaming import StreamWriter
 from services.frontend.http.wire import (
     HEADER_NAMES,
     METHODS,
@@ -70,7 +69,7 @@ def _parser(protocol: Any) -> Any:
 _HEAD, _BODY, _ANSWER, _IDLE, _STALL = range(5)
 
 
-class Connection(StreamWriter, asyncio.Protocol):
+class Connection(asyncio.Protocol):
     """One client connection: parses requests, answers them in order."""
 
     def __init__(self, server: NativeHttpServer) -> None:
@@ -485,3 +484,44 @@ class Connection(StreamWriter, asyncio.Protocol):
             self._task.cancel()
         if self._transport is not None:
             self._transport.abort()
+
+    # ------------------------------------------------------------------ streamed replies
+    async def _send_stream(self, req: Request, reply: StreamReply) -> None:
+        """A body sent as it is produced: HTTP/1.1 one chunk per piece, HTTP/1.0 the bare
+        pieces then close. The next piece waits while the client does not read. A client
+        that leaves cancels this task (connection_lost); the iterator is closed in every
+        case, which ends the request it reads from (the data plane cancels it)."""
+        chunks = reply.chunks
+        try:
+            transport = self._transport
+            if self._closed or transport is None or transport.is_closing():
+                return
+            chunked = req.version != "1.0"
+            keep = chunked and req.keep_alive and not reply.close and not self._server.stopping
+            extra = b"Transfer-Encoding: chunked\r\n" if chunked else b""
+            if reply.headers:
+                extra += "".join(f"{k}: {v}\r\n" for k, v in reply.headers.items()).encode("latin-1")
+            if not keep:
+                extra += b"Connection: close\r\n"
+            transport.write(b"%s%s%s\r\n" % (status_prefix(reply.status, reply.content_type),
+                                               extra, date_line()))
+            if req.method != "HEAD":
+                async for piece in chunks:
+                    if self._closed:
+                        return
+                    if piece:
+                        transport.write(b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece)
+                        await self._drained()
+                if chunked and not self._closed:
+                    transport.write(b"0\r\n\r\n")
+        finally:
+            await chunks.aclose()
+        if not self._closed:
+            self._sent(req, keep)
+
+    async def _drained(self) -> None:
+        """Wait while the transport holds more than its high-water mark of our writes."""
+        if self._write_paused and not self._closed:
+            self._drain = self._loop.create_future()
+            await self._drain
+            self._drain = None
