@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from services.common import logsettings, transport_inproc
+from services.common.errors import PortTaken
 from services.common.flags import parse_bool
 from services.common.procutil import set_title
 from services.common.shm import DEFAULT_INLINE_THRESHOLD
@@ -245,7 +246,8 @@ LOAD_FAILED_TEXT = "error: creating server: Internal - failed to load all models
 
 
 async def _run_scheduler(settings, frontend_cmds: list[list[str]], exit_timeout: float,
-                         in_process: Any = None, exit_on_error: bool = False) -> int:
+                         in_process: Any = None, exit_on_error: bool = False,
+                         pass_fds: tuple[int, ...] = ()) -> int:
     """The scheduler, its frontend processes (``frontend_cmds``) or the one frontend that runs
     on its event loop (``in_process``: its FrontendSettings). ``exit_on_error``
     (--exit-on-error): a model that fails to load at start-up stops the server, exit code 1
@@ -272,7 +274,8 @@ async def _run_scheduler(settings, frontend_cmds: list[list[str]], exit_timeout:
             await h.start()
 
     for i, cmd in enumerate(frontend_cmds):
-        h = ProcessHandle(f"frontend {i}", "services.frontend.main", cmd, on_exit=frontend_exited)
+        h = ProcessHandle(f"frontend {i}", "services.frontend.main", cmd, on_exit=frontend_exited,
+                          pass_fds=pass_fds)
         await h.start()
         frontends.append(h)
     embedded = None
@@ -361,10 +364,30 @@ def _taken_port(args: argparse.Namespace) -> str | None:
                 probe.bind((args.host, port))
             except OSError as e:
                 if e.errno == errno.EADDRINUSE:
-                    return (f"failed to start {service} service: Unavailable - Socket "
-                            f"'{args.host}:{port}' already in use ")
+                    return str(PortTaken(service, args.host, port))
                 raise
     return None
+
+
+def _listening(args: argparse.Namespace) -> dict[str, socket.socket]:
+    """The HTTP and gRPC sockets every frontend of this server accepts on (listen.py);
+    OSError with Triton's text when another process holds a port. grpc.aio binds its own."""
+    from services.frontend.listen import bind
+    out: dict[str, socket.socket] = {}
+    for which, service, port, used in (
+            ("grpc", "GRPC", args.grpc_port, args.allow_grpc and args.grpc_impl == "native"),
+            ("http", "HTTP", args.http_port, args.allow_http)):
+        if not used:
+            continue
+        try:
+            out[which] = bind(args.host, port)
+        except OSError as e:
+            for s in out.values():
+                s.close()
+            if e.errno == errno.EADDRINUSE:
+                raise PortTaken(service, args.host, port) from None
+            raise
+    return out
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -391,17 +414,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if taken is not None:
             log.error("%s", taken)
             return 1
+        try:   # the frontends' sockets, bound here: only this server's processes share them
+            listening = _listening(args)
+        except PortTaken as e:
+            log.error("%s", e)
+            return 1
+        fds = {which: s.fileno() for which, s in listening.items()}
         if args.in_process_frontend:
             embedded = checked_settings(args, settings.frontend_addr,
                                         f"{scheme}://{run_dir}/results-0.sock")
+            embedded.http_listen_fd = fds.get("http", -1)
+            embedded.grpc_listen_fd = fds.get("grpc", -1)
             return _asyncio_run(_run_scheduler(settings, [], args.exit_timeout_secs, embedded,
                                                args.exit_on_error))
         forwarded = frontend_argv(args)   # every flag add_frontend_args defines, as parsed
+        inherit = [a for which, fd in fds.items() for a in (f"--{which}-listen-fd", str(fd))]
         cmds = [["--scheduler", settings.frontend_addr,
-                 "--result-addr", f"{scheme}://{run_dir}/results-{i}.sock", *forwarded]
+                 "--result-addr", f"{scheme}://{run_dir}/results-{i}.sock", *inherit, *forwarded]
                 for i in range(args.frontends)]
         return _asyncio_run(_run_scheduler(settings, cmds, args.exit_timeout_secs,
-                                           exit_on_error=args.exit_on_error))
+                                           exit_on_error=args.exit_on_error,
+                                           pass_fds=tuple(fds.values())))
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 

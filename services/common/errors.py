@@ -205,9 +205,13 @@ def unrecognized_load_parameter(key: str) -> TriremeError:
     return invalid_arg(f"unrecognized load parameter '{key}'.")
 
 
-def socket_in_use(address: str, detail: object = None) -> TriremeError:
-    suffix = f" ({detail})" if detail else ""
-    return TriremeError(Code.UNAVAILABLE, f"Socket '{address}' already in use{suffix}")
+class PortTaken(Exception):
+    """A server's port held by another process: Triton's start-up text (with its trailing
+    space), which stops the process that cannot bind."""
+
+    def __init__(self, service: str, host: str, port: int) -> None:
+        super().__init__(f"failed to start {service} service: Unavailable - Socket "
+                         f"'{host}:{port}' already in use ")
 
 
 def unknown_expect_text(expect: str) -> str:

@@ -20,11 +20,12 @@ class ProcessHandle:
 
     def __init__(self, name: str, module: str, args: list[str],
                  on_exit: Callable[[ProcessHandle, int], Awaitable[None] | None] | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = ()) -> None:
         self.name = name
         self.module = module
         self.args = args
         self.on_exit = on_exit
+        self.pass_fds = pass_fds          # descriptors the child inherits (listening sockets)
         self.env = env
         self.proc: asyncio.subprocess.Process | None = None
         self.stopping = False
@@ -40,7 +41,7 @@ class ProcessHandle:
             env.update(self.env)
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", self.module, *self.args, "--parent-pid", str(os.getpid()),
-            env=env, stdin=asyncio.subprocess.DEVNULL)
+            env=env, stdin=asyncio.subprocess.DEVNULL, pass_fds=self.pass_fds)
         self._waiter = asyncio.get_running_loop().create_task(self._wait())
 
     async def _wait(self) -> None:

@@ -9,6 +9,7 @@ import signal
 import sys
 
 from services.common import logsettings
+from services.common.errors import PortTaken
 from services.common.flags import parse_bool
 from services.common.procutil import die_with_parent, set_title, tune_gc
 from services.common.shm import DEFAULT_INLINE_THRESHOLD
@@ -74,6 +75,10 @@ def add_frontend_args(p: argparse.ArgumentParser) -> list[argparse.Action]:
         p.add_argument("--host", default="0.0.0.0",
                        help="the address the HTTP and gRPC ports (and, for serve, the metrics "
                             "port) listen on"),
+        p.add_argument("--reuse-port", type=parse_bool, default=False,
+                       help="share the HTTP and gRPC ports with other frontends on this host "
+                            "(SO_REUSEPORT), as the compose topology's frontends do; without "
+                            "it a port another process holds stops the frontend"),
         p.add_argument("--allow-http", type=parse_bool, default=True, help="serve HTTP/REST"),
         p.add_argument("--allow-grpc", type=parse_bool, default=True, help="serve gRPC"),
         p.add_argument("--http-max-input-size", type=_max_input_size,
@@ -153,6 +158,8 @@ def settings_from_args(args: argparse.Namespace, scheduler_addr: str,
         http_port=args.http_port, grpc_port=args.grpc_port, allow_http=args.allow_http,
         allow_grpc=args.allow_grpc, http_max_input_size=args.http_max_input_size,
         server_name=args.server_name, http_health_body=args.http_health_body,
+        reuse_port=args.reuse_port, http_listen_fd=getattr(args, "http_listen_fd", -1),
+        grpc_listen_fd=getattr(args, "grpc_listen_fd", -1),
         inline_threshold=args.inline_threshold,
         use_shm=not args.no_shm, grpc_impl=args.grpc_impl, http_impl=args.http_impl,
         http_header_timeout_secs=args.http_header_timeout_secs,
@@ -188,6 +195,11 @@ def main(argv: list[str] | None = None) -> int:
                         "the scheduler's is one, else a TCP port on the address this host "
                         "reaches the scheduler from)")
     p.add_argument("--parent-pid", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--http-listen-fd", type=int, default=-1,
+                   help="serve HTTP on this inherited listening socket (`trireme serve` hands "
+                        "its frontends the sockets it bound)")
+    p.add_argument("--grpc-listen-fd", type=int, default=-1,
+                   help="serve gRPC on this inherited listening socket")
     add_frontend_args(p)
     logsettings.add_log_args(p)   # (then the scheduler's settings, from its hello on)
     args = p.parse_args(argv)
@@ -205,7 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     except TlsError as e:
         p.error(str(e))
     tune_gc()
-    asyncio.run(run(settings))
+    try:
+        asyncio.run(run(settings))
+    except PortTaken as e:   # another process holds a port (Triton's words)
+        log.error("%s", e)
+        return 1
     return 0
 
 

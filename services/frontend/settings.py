@@ -64,6 +64,14 @@ class FrontendSettings(DataPlaneSettings):
     (--http-header-forward-pattern; forward.py); None: none do."""
     grpc_header_forward_pattern: str | None = None
     """The same for gRPC inference calls' metadata (--grpc-header-forward-pattern)."""
+    http_listen_fd: int = -1
+    """A listening socket `trireme serve` bound for its frontends (listen.py); -1: bind
+    host:http_port."""
+    grpc_listen_fd: int = -1
+    """The same for gRPC (native only: grpc.aio binds by address)."""
+    reuse_port: bool = False
+    """--reuse-port: bind with SO_REUSEPORT, sharing the ports with other frontends (the
+    compose topology's); without it a port another process holds fails the start."""
     http_health_body: str = "empty"
     """What GET /v2/health/live, /v2/health/ready and /v2/models/m/ready answer with their
     status (--http-health-body): "empty" (Triton's empty body, which Triton's QA scripts

@@ -6,7 +6,7 @@ from typing import Any
 
 import grpc
 
-from services.common.errors import TriremeError, socket_in_use
+from services.common.errors import PortTaken, TriremeError
 from services.frontend import tls
 from services.frontend.grpc.limits import INT32_MAX, GrpcLimits
 from services.frontend.grpc.methods import MAX_GRPC_MESSAGE_SIZE, RpcMethod, address, grpc_status
@@ -112,10 +112,10 @@ async def start_aio(methods: dict[str, RpcMethod], settings: FrontendSettings) -
             port = server.add_insecure_port(where)
         else:
             port = server.add_secure_port(where, credentials(settings.grpc_tls))
-    except RuntimeError as e:
-        raise socket_in_use(where, e) from e
+    except RuntimeError:
+        raise PortTaken("GRPC", settings.host, settings.grpc_port) from None
     if port == 0:
-        raise socket_in_use(where)
+        raise PortTaken("GRPC", settings.host, settings.grpc_port)
     await server.start()
     server.trireme_port = port
     return server

@@ -436,9 +436,9 @@ async def start_grpc(dp: DataPlaneAPI, settings: FrontendSettings) -> Any:
     """Start the gRPC server on {host}:{grpc_port} and return it (stop with `.stop(grace)`).
 
     ``settings.grpc_impl`` picks the server: "native" (grpc/native.py, the default: HTTP/2 on
-    this event loop) or "aio" (grpc.aio). SO_REUSEPORT stays on so that several frontend
-    processes share the port. The bound port (useful with grpc_port=0) is available as
-    `server.trireme_port`.
+    this event loop, on the socket `trireme serve` handed down or its own: listen.py) or "aio"
+    (grpc.aio, whose frontends share the port by SO_REUSEPORT). The bound port (useful with
+    grpc_port=0) is available as `server.trireme_port`.
     """
     methods = rpc_methods(dp, settings)
     restricted = _restricted_methods(methods, settings.restricted.grpc)
@@ -452,7 +452,8 @@ async def start_grpc(dp: DataPlaneAPI, settings: FrontendSettings) -> Any:
         ssl_context = None
         if settings.grpc_tls is not None:
             ssl_context = tls.server_context(settings.grpc_tls, "h2")
-        await server.start(settings.host, settings.grpc_port, ssl_context)
+        await server.start(settings.host, settings.grpc_port, ssl_context,
+                           fd=settings.grpc_listen_fd, reuse_port=settings.reuse_port)
     else:
         from services.frontend.grpc.aio_server import start_aio
         if restricted:

@@ -20,6 +20,7 @@ answer exists only once it has run, so the room is kept for the calls already ru
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import logging
 import zlib
@@ -28,10 +29,11 @@ from collections.abc import Mapping
 from ssl import SSLContext
 from typing import Any
 
-from services.common.errors import Code, TriremeError, socket_in_use
+from services.common.errors import Code, PortTaken, TriremeError
 from services.frontend.grpc.h2 import H2Connection, TlsH2Connection
 from services.frontend.grpc.h2_frames import encode_literal_headers
 from services.frontend.grpc.limits import GrpcLimits
+from services.frontend.listen import BACKLOG, where
 
 log = logging.getLogger(__name__)
 
@@ -461,12 +463,12 @@ class NativeGrpcServer:
         self._server: asyncio.base_events.Server | None = None
         self.trireme_port = 0
 
-    async def start(self, host: str, port: int, ssl: SSLContext | None = None) -> None:
+    async def start(self, host: str, port: int, ssl: SSLContext | None = None, *,
+                    fd: int = -1, reuse_port: bool = False) -> None:
         """Listen; with ``ssl`` (tls.server_context, ALPN "h2") over TLS: the TLS handshake
         and then the HTTP/2 preface and SETTINGS share one handshake timeout, and a
         connection that did not negotiate "h2" is closed (h2.TlsH2Connection)."""
         loop = asyncio.get_running_loop()
-        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         tls: dict[str, Any] = {}
         if ssl is not None:
             tls = {"ssl": ssl, "ssl_handshake_timeout": self.limits.handshake_timeout_s or None}
@@ -474,9 +476,11 @@ class NativeGrpcServer:
             self._server = await loop.create_server(
                 functools.partial(H2Connection if ssl is None else TlsH2Connection,
                                   self._open_stream, self._closed, self.limits, self._opened),
-                host or None, port, reuse_port=True, backlog=1024, **tls)
+                **where(host, port, fd, reuse_port), backlog=BACKLOG, **tls)
         except OSError as e:
-            raise socket_in_use(address, e) from e
+            if e.errno == errno.EADDRINUSE:
+                raise PortTaken("GRPC", host, port) from None
+            raise
         self.trireme_port = self._server.sockets[0].getsockname()[1]
 
     def _opened(self, conn: H2Connection) -> None:

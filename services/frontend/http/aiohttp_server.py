@@ -16,17 +16,19 @@ nor chunk boundaries); the native server, the default, has both.
 from __future__ import annotations
 
 import asyncio
+import errno
 from ssl import SSLContext
 from typing import Any
 
 from aiohttp import HttpVersion11, web
 
-from services.common.errors import unknown_expect_text
+from services.common.errors import PortTaken, unknown_expect_text
 from services.dataplane.api import DataPlaneAPI
 from services.frontend.http.json_body import error_body
 from services.frontend.http.limits import BODY_MIN_RATE
 from services.frontend.http.message import BodyError, BodyTooLarge, Reply, StreamReply
 from services.frontend.http.routes import Handlers
+from services.frontend.listen import BACKLOG, where
 from services.frontend.settings import FrontendSettings
 
 __all__ = ["AioHttp", "make_app", "make_runner", "make_server"]
@@ -286,12 +288,22 @@ class AioHttp:
     def port(self) -> int:
         return self._runner.addresses[0][1]
 
-    async def start(self, host: str, port: int, ssl: SSLContext | None = None) -> None:
-        """Listen; with ``ssl`` (tls.server_context) serve HTTPS (the TLS handshake has
-        asyncio's default bound, 60 s: TCPSite passes no ssl_handshake_timeout)."""
+    async def start(self, host: str, port: int, ssl: SSLContext | None = None, *,
+                    fd: int = -1, reuse_port: bool = False) -> None:
+        """Listen (listen.py); with ``ssl`` (tls.server_context) serve HTTPS (the TLS
+        handshake has asyncio's default bound, 60 s: TCPSite passes no
+        ssl_handshake_timeout)."""
         await self._runner.setup()
-        await web.TCPSite(self._runner, host, port, ssl_context=ssl, reuse_port=True,
-                          backlog=1024).start()
+        at = where(host, port, fd, reuse_port)
+        site = (web.SockSite(self._runner, at["sock"], ssl_context=ssl, backlog=BACKLOG)
+                if "sock" in at else web.TCPSite(self._runner, host, port, ssl_context=ssl,
+                                                 reuse_port=reuse_port, backlog=BACKLOG))
+        try:
+            await site.start()
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise PortTaken("HTTP", host, port) from None
+            raise
 
     async def stop(self, grace: float = 60.0) -> None:
         await self._runner.cleanup()   # waits for requests in flight (its shutdown_timeout)

@@ -26,6 +26,7 @@ and the one timer that looks at every connection a few times per timeout.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import math
 import time
@@ -33,6 +34,7 @@ from collections.abc import Awaitable, Callable
 from ssl import SSLContext
 from typing import Any
 
+from services.common.errors import PortTaken
 from services.frontend.http.connection import Connection
 from services.frontend.http.json_body import error_body
 from services.frontend.http.limits import (
@@ -44,6 +46,7 @@ from services.frontend.http.limits import (
     MAX_CONNECTIONS,
 )
 from services.frontend.http.message import Reply
+from services.frontend.listen import BACKLOG, where
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +116,8 @@ class NativeHttpServer:
         and benchmarks drive one with a fake transport."""
         return Connection(self)
 
-    async def start(self, host: str, port: int, ssl: SSLContext | None = None) -> None:
+    async def start(self, host: str, port: int, ssl: SSLContext | None = None, *,
+                    fd: int = -1, reuse_port: bool = False) -> None:
         """Listen; with ``ssl`` (tls.server_context) serve HTTPS. A connection is created at
         accept and its first head is timed from then, so the TLS handshake counts against
         the header timeout: asyncio bounds the handshake by it (ssl_handshake_timeout), the
@@ -122,8 +126,13 @@ class NativeHttpServer:
         tls: dict[str, Any] = {}
         if ssl is not None:
             tls = {"ssl": ssl, "ssl_handshake_timeout": self.header_timeout or None}
-        self._server = await loop.create_server(self.protocol, host or None, port,
-                                                reuse_port=True, backlog=1024, **tls)
+        try:
+            self._server = await loop.create_server(
+                self.protocol, **where(host, port, fd, reuse_port), backlog=BACKLOG, **tls)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise PortTaken("HTTP", host, port) from None
+            raise
         self.port = self._server.sockets[0].getsockname()[1]
         if self._check_every < math.inf:
             self._timer = loop.call_later(self._check_every, self._check_idle)

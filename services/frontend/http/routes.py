@@ -359,17 +359,18 @@ class _NativeHttp:
     def port(self) -> int:
         return self._server.port
 
-    async def start(self, host: str, port: int, ssl: SSLContext | None = None) -> None:
-        await self._server.start(host, port, ssl)
+    async def start(self, host: str, port: int, ssl: SSLContext | None = None, *,
+                    fd: int = -1, reuse_port: bool = False) -> None:
+        await self._server.start(host, port, ssl, fd=fd, reuse_port=reuse_port)
 
     async def stop(self, grace: float = 60.0) -> None:
         await self._server.stop(grace)
 
 
 async def start_http(dp: DataPlaneAPI, settings: FrontendSettings) -> Any:
-    """Serve on settings.host:settings.http_port with the server settings.http_impl names
-    ("native" or "aiohttp"); returns it (`.port`: the bound port, `await .stop(grace)`).
-    SO_REUSEPORT lets several frontend processes share the port."""
+    """Serve on settings.host:settings.http_port, or the socket `trireme serve` handed
+    down (listen.py), with the server settings.http_impl names ("native" or "aiohttp");
+    returns it (`.port`: the bound port, `await .stop(grace)`)."""
     if settings.http_impl == "native":
         server: Any = _NativeHttp(dp, settings)
     else:
@@ -378,7 +379,8 @@ async def start_http(dp: DataPlaneAPI, settings: FrontendSettings) -> Any:
     ssl_context = None
     if settings.http_tls is not None:
         ssl_context = tls.server_context(settings.http_tls, "http/1.1")
-    await server.start(settings.host, settings.http_port, ssl_context)
+    await server.start(settings.host, settings.http_port, ssl_context,
+                       fd=settings.http_listen_fd, reuse_port=settings.reuse_port)
     log.info("Started HTTPService at %s:%d (%s)%s", settings.host, server.port,
              settings.http_impl, tls.describe(settings.http_tls))
     return server
