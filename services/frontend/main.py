@@ -187,8 +187,9 @@ def checked_settings(args: argparse.Namespace, scheduler_addr: str,
     return settings
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="trireme frontend")
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="trireme frontend",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--scheduler", required=True, help="the scheduler's frontend socket address")
     p.add_argument("--result-addr", default="",
                    help="address this frontend binds for results (default: a socket path when "
@@ -202,6 +203,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="serve gRPC on this inherited listening socket")
     add_frontend_args(p)
     logsettings.add_log_args(p)   # (then the scheduler's settings, from its hello on)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     logsettings.configure(logsettings.from_args(args))
     set_title(f"trireme frontend {args.http_port}/{args.grpc_port}")

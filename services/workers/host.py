@@ -156,15 +156,16 @@ def _gpus(value: str) -> dict[int, int]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trireme workers",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                                 description="a worker host: runs the model instances a "
                                             "scheduler places on this machine")
     p.add_argument("--scheduler", required=True,
                    help="the scheduler's worker address (its --worker-addr), e.g. "
                         "stream://scheduler:8011")
     p.add_argument("--name", default=socket.gethostname(),
-                   help="this host's name in the scheduler's logs (default: the hostname)")
+                   help="this host's name in the scheduler's logs (its hostname)")
     p.add_argument("--gpus", type=_gpus, default={},
                    help="GPUs this host runs KIND_GPU instances on: ids as in a config's "
                         "`gpus: [k]`, or id=ordinal pairs when CUDA numbers them differently here")
@@ -173,7 +174,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-shm", action="store_true",
                    help="workers send every tensor inline (normally decided at run time)")
     logsettings.add_log_args(p)   # (then the scheduler's: it says when they change)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     logsettings.configure(logsettings.from_args(args))
     set_title(f"trireme workers {args.name}")
     host = WorkerHost(args.scheduler, args.name, args.gpus, args.cpu or not args.gpus,

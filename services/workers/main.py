@@ -511,15 +511,28 @@ def _to_wire(arr: np.ndarray) -> tuple[str, memoryview | bytes]:
     return datatype, memoryview(arr.reshape(-1).view(np.uint8))
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="trireme worker")
-    p.add_argument("--scheduler", required=True, help="scheduler worker socket (tcp:// or ipc://)")
-    p.add_argument("--worker-id", required=True)
-    p.add_argument("--inline-threshold", type=int, default=DEFAULT_INLINE_THRESHOLD)
-    p.add_argument("--parent-pid", type=int, default=0, help="exit when this process exits")
-    p.add_argument("--no-shm", action="store_true", help="send every tensor inline (no shared host)")
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="trireme worker",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                                description="one model instance's worker (a scheduler or a "
+                                            "worker host starts it)")
+    p.add_argument("--scheduler", required=True,
+                   help="the scheduler's worker socket address")
+    p.add_argument("--worker-id", required=True,
+                   help="the id the scheduler gave this worker (its identity on the socket)")
+    p.add_argument("--inline-threshold", type=int, default=DEFAULT_INLINE_THRESHOLD,
+                   help="outputs smaller than this many bytes travel inline, larger ones in "
+                        "shared memory")
+    p.add_argument("--parent-pid", type=int, default=0,
+                   help="exit when this process exits (0: none)")
+    p.add_argument("--no-shm", action="store_true",
+                   help="send every tensor inline (no shared host)")
     logsettings.add_log_args(p)   # (defaults: the settings of the process that started it)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     logsettings.configure(logsettings.from_args(args))
     set_title(f"trireme worker {args.worker_id}")
     if args.parent_pid:

@@ -1,5 +1,5 @@
-"""The command line as a new user meets it: `trireme --version`, and every flag of `serve`
-and `scheduler` says what it does and its default."""
+"""The command line as a new user meets it: `trireme --version`, and every flag of every
+command says what it does and its default."""
 from __future__ import annotations
 
 import argparse
@@ -30,3 +30,17 @@ def test_every_flag_has_help_and_shows_its_default(command):
     assert missing == [], missing
     text = parser.format_help()
     assert "(default: 8002)" in text and "(default: True)" in text   # --metrics-port, booleans
+
+
+@pytest.mark.parametrize("module", ["services.frontend.main", "services.workers.host",
+                                    "services.workers.main"])
+def test_every_flag_of_the_pieces_has_help_and_shows_its_default(module):
+    """`trireme frontend`, `trireme workers` and `trireme worker` parse their own flags."""
+    import importlib
+    parser = importlib.import_module(module).build_parser()
+    missing = [a.option_strings[0] for a in parser._actions
+               if a.option_strings and a.dest != "help" and not a.help]
+    assert missing == [], missing
+    assert isinstance(parser.formatter_class, type) and issubclass(
+        parser.formatter_class, argparse.ArgumentDefaultsHelpFormatter)
+    assert "(default: " in parser.format_help()
