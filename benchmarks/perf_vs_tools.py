@@ -11,6 +11,37 @@ how busy the whole machine was (other engineers' processes included: it is share
 
     python benchmarks/perf_vs_tools.py [--rounds 2] [--duration 8] [--conns 64]
                                        [--frontends 1] [--protocols http,grpc]
+                                       [--impls lean,tritonclient] [--http-format binary]
+
+`trireme perf` runs once per load path (--load-impl): lean (its default: requests encoded
+once, its own HTTP/1.1 and HTTP/2 connections on uvloop) and tritonclient (the official
+client, its path for shared memory, streaming and sequence models). The request is the
+same on both sides, to the byte: over HTTP wrk posts the very request trireme perf sends
+(its random data, its headers, its body: binary tensors both ways, perf_analyzer's default,
+or with --http-format json JSON tensors both ways; the server's cost per request differs
+with the format, so the tools must not differ in it), over gRPC h2load sends the
+ModelInferRequest tritonclient.grpc would, which is what trireme perf sends.
+
+Results, 2026-11-28, commit d328524 with the lean path (uncommitted working tree), the
+2-core AMD EPYC box shared with other engineers' processes, client and server on the same
+two cores: `python benchmarks/perf_vs_tools.py --rounds 3 --duration 8`
+
+| c64 | tool | infer/s (median) | vs native | p50/p99 ms | client µs/req | server µs/req | runs |
+|---|---|---:|---:|---|---:|---:|---|
+| http | wrk | 15788 |  | 3.88/7.40 | 12 | 73 | 16398, 15788, 15510 |
+| http | perf, lean (1 proc) | 15348 | -2.8 % | 4.01/7.79 | 16 | 73 | 15348, 15394, 12956 |
+| http | perf, tritonclient (2 proc) | 7284 | -53.9 % | 8.18/17.14 | 138 | 127 | 7958, 7284, 7003 |
+| grpc | h2load | 14089 |  | - | 15 | 89 | 12229, 14317, 14089 |
+| grpc | perf, lean (1 proc) | 13766 | -2.3 % | 4.35/9.42 | 19 | 91 | 13881, 13165, 13766 |
+| grpc | perf, tritonclient (2 proc) | 7355 | -47.8 % | 8.29/16.40 | 118 | 108 | 7355, 6682, 7921 |
+
+trireme perf's client CPU includes its profiler process. Single runs move by ±15 % with
+the other tenants' load: earlier runs the same day gave gRPC lean +5.2 %, -2.1 % and
+-14.6 % (alternated h2load / lean pairs on a quiet machine, 5 s each, ×4: 14988/14845,
+15712/15037, 15505/14309, 15074/15523 calls/s), and, while wrk still posted its own
+shorter JSON body, HTTP lean +4.8 % (binary tensors), -4.4 % and -19.8 % (JSON tensors,
+tritonclient's longer encoding: the server's CPU per request differed by 5-15 %): hence
+the same bytes on both sides now.
 """
 from __future__ import annotations
 
@@ -27,7 +58,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_load import run_h2load, run_wrk
+from bench_load import WRK_DONE, run_h2load
 from bench_server import (
     ROOT,
     CpuMeter,
@@ -44,14 +75,19 @@ WIDTH = 16
 SUCCESS = "nv_inference_request_success"
 
 
-def run_perf(srv: Server, protocol: str, conns: int, duration: int, tmp: Path) -> dict:
-    """`trireme perf` at c``conns``; windows of a third of ``duration`` each."""
+def run_perf(srv: Server, protocol: str, conns: int, duration: int, tmp: Path,
+             impl: str = "lean", http_format: str = "binary") -> dict:
+    """`trireme perf --load-impl impl` at c``conns``; windows of a third of ``duration`` each;
+    over HTTP, tensors in ``http_format`` both ways."""
     url = srv.http if protocol == "http" else srv.grpc
     out_csv = tmp / f"perf-{protocol}-{time.monotonic_ns()}.csv"
     window_ms = max(500, duration * 1000 // 3)
     cmd = [sys.executable, "-m", "services.cli", "perf", "-m", MODEL, "-i", protocol, "-u", url,
            "--concurrency-range", str(conns), "--shape", f"INPUT0:{WIDTH}", "-p",
-           str(window_ms), "-s", "15", "--max-trials", "8", "-f", str(out_csv)]
+           str(window_ms), "-s", "15", "--max-trials", "8", "--load-impl", impl,
+           "-f", str(out_csv)]
+    if protocol == "http" and http_format == "json":
+        cmd += ["--input-tensor-format", "json", "--output-tensor-format", "json"]
     before = srv.counters(MODEL)
     meter = CpuMeter(srv.processes())
     t0 = time.monotonic()
@@ -80,12 +116,69 @@ def run_perf(srv: Server, protocol: str, conns: int, duration: int, tmp: Path) -
             "cmd": " ".join(cmd[1:]).replace(str(out_csv), "perf.csv")}
 
 
-def run_tool(srv: Server, protocol: str, conns: int, duration: int, tmp: Path) -> dict:
+def perf_request(srv: Server, http_format: str) -> bytes:
+    """The HTTP request `trireme perf` sends in run_perf, to the byte: its random data, its
+    encoder (services.perf.lean_http, tritonclient.http's body)."""
+    sys.path.insert(0, str(ROOT))
+    from services.perf import inputs
+    from services.perf.flags import SslSettings
+    from services.perf.lean_http import http_request
+    from services.perf.model import ModelInfo, Tensor
+    from services.perf.worker_core import WorkerSpec
+    io = ([Tensor("INPUT0", "FP32", [-1])], [Tensor("OUTPUT0", "FP32", [-1])])
+    model = ModelInfo(MODEL, "1", 64, *io, "none")
+    (stream,) = inputs.load(model, ["random"], {"INPUT0": [WIDTH]}, 128, None)
+    (request,) = inputs.batch(stream, 1, True)
+    spec = WorkerSpec(index=0, processes=1, protocol="http", url=srv.http, ssl=SslSettings(),
+                      headers={}, model=MODEL, version="", inputs=io[0], outputs=io[1],
+                      requests=[request], streams=[], sequence=None,
+                      input_json=http_format == "json", output_json=http_format == "json")
+    return http_request(spec, request)
+
+
+def run_wrk_request(srv: Server, request: bytes, tmp: Path, duration: int, conns: int,
+                    threads: int = 2) -> dict:
+    """wrk posting exactly ``request`` (its headers but Host and Content-Length, which wrk
+    writes, and its body), as run_wrk does with its own JSON body."""
+    head, body = request.split(b"\r\n\r\n", 1)
+    line, *fields = head.decode("latin-1").split("\r\n")
+    lua = ['wrk.method = "POST"', f'wrk.path = "{line.split()[1]}"']
+    for f in fields:
+        k, v = f.split(": ", 1)
+        if k.lower() not in ("host", "content-length"):
+            lua.append(f'wrk.headers["{k}"] = "{v}"')
+    lua.append('wrk.body = "' + "".join(f"\\{b}" for b in body) + '"')
+    script = tmp / "wrk-perf-request.lua"
+    script.write_text("\n".join(lua) + "\n" + WRK_DONE)
+    url = f"http://{srv.http}{line.split()[1]}"
+    subprocess.run(["wrk", "-t", str(threads), "-c", str(conns), "-d", "2s", "-s", str(script),
+                    url], capture_output=True, text=True, timeout=60)   # (warm-up)
+    meter = CpuMeter(srv.processes())
+    cmd = ["wrk", "-t", str(threads), "-c", str(conns), "-d", f"{duration}s", "--latency",
+           "-s", str(script), url]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    meter.add("wrk", p.pid)
+    time.sleep(max(0.0, duration - 0.5))
+    used = meter.sample()
+    out, _ = p.communicate(timeout=duration + 60)
+    m = re.search(r"^BENCH (.*)$", out, re.M)
+    rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    if not m or not rps:
+        raise RuntimeError(f"could not parse wrk output:\n{out}")
+    vals = {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
+    non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    return {"rps": float(rps.group(1)), **vals, "non2xx_line": int(non2xx.group(1)) if non2xx
+            else 0, "cpu_pct": meter.percent(used, float(rps.group(1))), "cmd": " ".join(cmd),
+            "raw": out}
+
+
+def run_tool(srv: Server, protocol: str, conns: int, duration: int, tmp: Path,
+             http_format: str = "binary") -> dict:
     x = np.random.default_rng(1).random((1, WIDTH), dtype=np.float32)
     before = srv.counters(MODEL)
     t0 = time.monotonic()
     if protocol == "http":
-        r = run_wrk(srv, MODEL, x, tmp, duration, conns=conns, threads=2)
+        r = run_wrk_request(srv, perf_request(srv, http_format), tmp, duration, conns)
         tool, bad = "wrk", r["non2xx"] + r["non2xx_line"]
         p50, p99 = r["p50_us"] / 1000, r["p99_us"] / 1000
     else:
@@ -112,11 +205,17 @@ def main() -> int:
     ap.add_argument("--conns", type=int, default=64)
     ap.add_argument("--frontends", type=int, default=1)
     ap.add_argument("--protocols", default="http,grpc")
+    ap.add_argument("--impls", default="lean,tritonclient",
+                    help="trireme perf's load paths to run (--load-impl values)")
+    ap.add_argument("--http-format", choices=["json", "binary"], default="binary",
+                    help="the HTTP tensors, both ways, of trireme perf's request (which wrk "
+                         "sends too): binary (perf_analyzer's default) or json")
     ap.add_argument("--quiet-wait", type=float, default=10.0,
                     help="before each run, wait up to this long for the machine to go quiet")
     args = ap.parse_args()
     protocols = [p for p in args.protocols.split(",") if p]
-    tools = [(p, t) for p in protocols for t in ("tool", "perf")
+    impls = [i for i in args.impls.split(",") if i]
+    tools = [(p, t) for p in protocols for t in ("tool", *impls)
              if not (t == "tool" and shutil.which("wrk" if p == "http" else "h2load") is None)]
 
     info = machine_info(args.frontends)
@@ -134,8 +233,16 @@ def main() -> int:
                 if args.quiet_wait > 0:
                     wait_quiet(args.quiet_wait)
                 log(f"round {rnd + 1}/{args.rounds}: {protocol} {kind}")
-                run = run_perf if kind == "perf" else run_tool
-                results[(protocol, kind)].append(run(srv, protocol, args.conns, args.duration, tmp))
+                try:
+                    if kind == "tool":
+                        r = run_tool(srv, protocol, args.conns, args.duration, tmp,
+                                     args.http_format)
+                    else:
+                        r = run_perf(srv, protocol, args.conns, args.duration, tmp, kind,
+                                     args.http_format)
+                except RuntimeError as e:   # (a level that never stabilised: shown, not fatal)
+                    r = {"rps": None, "failed": str(e).splitlines()[0]}
+                results[(protocol, kind)].append(r)
                 log(f"  {results[(protocol, kind)][-1]}")
     finally:
         srv.stop()
@@ -154,23 +261,28 @@ def main() -> int:
     print("|---|---|---:|---:|---:|---|---:|---:|---:|---:|---|")
     for protocol in protocols:
         native = med(results.get((protocol, "tool"), []), "rps")
-        for kind in ("tool", "perf"):
+        for kind in ("tool", *impls):
             rs = results.get((protocol, kind))
             if not rs:
                 continue
+            procs = med(rs, "processes")
             name = ("wrk" if protocol == "http" else "h2load") if kind == "tool" else \
-                f"trireme perf ({rs[0]['processes']} proc)"
+                f"trireme perf, {kind} ({fmt(procs)} proc)"
             rps = med(rs, "rps")
-            vs = f"{100 * (rps / native - 1):+.1f} %" if kind == "perf" and rps and native else ""
-            runs = ", ".join(f"{r['rps']:.0f}" for r in rs)
+            vs = f"{100 * (rps / native - 1):+.1f} %" if kind != "tool" and rps and native else ""
+            runs = ", ".join("failed" if r.get("failed") else f"{r['rps']:.0f}" for r in rs)
             print(f"| {protocol} | {name} | {args.conns} | {fmt(rps)} | {vs} | "
                   f"{fmt(med(rs, 'p50_ms'), '.2f')} / {fmt(med(rs, 'p99_ms'), '.2f')} | "
                   f"{fmt(med(rs, 'client_pct'))} | {fmt(med(rs, 'client_us'))} | "
                   f"{fmt(med(rs, 'server_us'))} | {fmt(med(rs, 'machine_pct'))} | {runs} |")
     print("\ncommands:")
     for (protocol, kind), rs in results.items():
-        if rs:
-            print(f"  {protocol} {kind}: {rs[0]['cmd']}")
+        cmds = [r["cmd"] for r in rs if "cmd" in r]
+        if cmds:
+            print(f"  {protocol} {kind}: {cmds[0]}")
+        for r in rs:
+            if r.get("failed"):
+                print(f"  {protocol} {kind}: a run failed: {r['failed']}")
     return 0
 
 

@@ -128,6 +128,9 @@ class PerfSettings:
     request_parameters: dict[str, object] = field(default_factory=dict)
     input_tensor_format: str = "binary"
     output_tensor_format: str = "binary"
+    load_impl: str = "auto"
+    """--load-impl (Trireme's own): lean (requests encoded once, our own HTTP/1.1 and HTTP/2
+    connections), tritonclient, or auto: lean wherever it applies."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -195,6 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("-H", dest="headers", action="append", default=[], help="'Header: value' (repeatable)")
     a("--grpc-compression-algorithm", choices=["none", "gzip", "deflate"], default="none")
     a("--request-parameter", action="append", default=[], help="name:value:type (bool|int|string)")
+    a("--load-impl", choices=["auto", "lean", "tritonclient"], default="auto",
+      help="Trireme's own: the load's client. lean: each request encoded once and sent as bytes "
+           "over our own connections; tritonclient: the official client; auto (default): lean "
+           "unless --shared-memory, --streaming or a sequence or decoupled model needs tritonclient")
     # ---- server
     a("-u", dest="url", default=None)
     a("--ssl-grpc-use-ssl", action="store_true")
@@ -364,6 +371,7 @@ def settings_from(ns: argparse.Namespace) -> PerfSettings:
     if "json" in (s.input_tensor_format, s.output_tensor_format) and s.protocol != "http":
         raise UsageError("--input-tensor-format/--output-tensor-format json is only allowed "
                          "with HTTP protocol.")
+    s.load_impl = ns.load_impl
     return s
 
 

@@ -5,10 +5,10 @@ owns a bidirectional ModelStreamInfer stream of the sync tritonclient, which is 
 asks for the empty final response; a request ends at its final response, its latency at
 its last non-empty one (perf_analyzer's rule), and every response counts.
 
-    profiler ──pipe──▶ control reader (loop.add_reader)
+    profiler ──pipe──▶ control reader (load_async: loop.add_reader)
                           │ sets targets
                           ▼
-               slot tasks / rate scheduler ──ModelInfer / stream──▶ server
+               slot tasks / rate_schedule ──ModelInfer / stream──▶ server
                           │ record(start, end, send, recv)
                           ▼
                       WorkerState (answers "collect")
@@ -23,13 +23,10 @@ import itertools
 import random
 from typing import Any
 
-from services.perf import clients
+from services.perf import clients, load_async
+from services.perf.load_async import DRAIN_S, rate_schedule
 from services.perf.payload import Payload
-from services.perf.worker_core import DELAYED, SEQUENCE_END, Planned, WorkerSpec, WorkerState, now_ns
-
-MAX_IN_FLIGHT = 4096
-LATE_NS = 1_000_000
-DRAIN_S = 30.0
+from services.perf.worker_core import SEQUENCE_END, Planned, WorkerSpec, WorkerState, now_ns
 
 
 class _Stream:
@@ -155,31 +152,14 @@ class GrpcLoad:
         finally:
             self._give(conn)
 
+    def _fire_task(self, plan: Planned, flags: int) -> None:
+        task = self.loop.create_task(self._fire(plan, flags))
+        self.in_flight.add(task)
+        task.add_done_callback(self.in_flight.discard)
+
     async def _schedule(self) -> None:
-        state = self.state
-        cursor = state.source.slot(0)
-        rate, local, next_t = 0.0, 1.0, 0
-        while state.rate > 0 and not state.stopping:
-            if state.rate != rate:
-                rate = state.rate
-                local = rate / self.spec.processes
-                next_t = now_ns() + int(state.phase * 1e9)
-            while len(self.in_flight) >= MAX_IN_FLIGHT:
-                await asyncio.sleep(0.001)
-            if not state.may_start():
-                break
-            # (perf_analyzer's rule: late before the wait, not by the wait's own wake-up)
-            wait = next_t - now_ns()
-            late = wait < -LATE_NS
-            if late:
-                state.delayed += 1
-            elif wait > 0:
-                await asyncio.sleep(wait / 1e9)
-            task = self.loop.create_task(self._fire(cursor.next(), DELAYED if late else 0))
-            self.in_flight.add(task)
-            task.add_done_callback(self.in_flight.discard)
-            gap = 1.0 / local if state.distribution == "constant" else self.rng.expovariate(local)
-            next_t += int(gap * 1e9)
+        await rate_schedule(self.state, self.spec, self.rng, self._fire_task,
+                            lambda: len(self.in_flight))
 
     def apply(self) -> None:
         for i in range(self.state.concurrency):
@@ -204,36 +184,17 @@ class GrpcLoad:
             await self.shared.close()
 
 
-async def _serve(conn: Any, spec: WorkerSpec) -> None:
-    loop = asyncio.get_running_loop()
-    state = WorkerState(spec)
+async def _make(spec: WorkerSpec, state: WorkerState) -> tuple[GrpcLoad, Any]:
     control = clients.Control("grpc", spec.url, spec.ssl, spec.headers) \
         if spec.shared_memory == "system" else None
     payload = Payload(spec, control)
-    load = GrpcLoad(spec, state, payload)
-    done = loop.create_future()
 
-    def on_message() -> None:
-        msg = conn.recv()
-        reply = state.handle(msg)
-        if msg[0] == "stop":
-            loop.remove_reader(conn.fileno())
-            done.set_result(reply)
-            return
-        load.apply()
-        conn.send(reply)
-
-    loop.add_reader(conn.fileno(), on_message)
-    conn.send(("ready", None))
-    try:
-        reply = await done
-        await load.drain()
-        conn.send(reply)
-    finally:
+    def close() -> None:
         payload.close()
         if control is not None:
             control.close()
+    return GrpcLoad(spec, state, payload), close
 
 
 def serve(conn: Any, spec: WorkerSpec) -> None:
-    asyncio.run(_serve(conn, spec))
+    load_async.serve(conn, spec, _make, fast_loop=False)

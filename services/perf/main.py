@@ -14,6 +14,7 @@ import numpy as np
 from services.perf import clients, flags, inputs, report, server_stats
 from services.perf import model as model_mod
 from services.perf.flags import GENERIC_ERROR, SUCCESS, PerfSettings, UsageError
+from services.perf.load_lean import why_not_lean
 from services.perf.manager import LoadError, LoadManager, process_count
 from services.perf.model import ModelInfo
 from services.perf.profiler import ProfileError, Profiler
@@ -51,7 +52,17 @@ def check_model(s: PerfSettings, model: ModelInfo) -> None:
                          "either `-i grpc` or `--service-kind=triton_c_api`")
 
 
-def _specs(s: PerfSettings, model: ModelInfo, streams: list, processes: int) -> list[WorkerSpec]:
+def use_lean(s: PerfSettings, model: ModelInfo) -> bool:
+    """Whether the load takes the lean path (--load-impl, and what the run needs)."""
+    reason = why_not_lean(s, model)
+    if s.load_impl == "lean" and reason is not None:
+        raise UsageError(f"--load-impl lean does not cover {reason}: use --load-impl "
+                         "tritonclient (or auto).")
+    return s.load_impl != "tritonclient" and reason is None
+
+
+def _specs(s: PerfSettings, model: ModelInfo, streams: list, processes: int,
+           lean: bool) -> list[WorkerSpec]:
     batched = model.max_batch_size > 0
     if model.is_sequence:
         seq_streams = [[{k: (v[np.newaxis] if batched else v) for k, v in sample.items()}
@@ -76,7 +87,7 @@ def _specs(s: PerfSettings, model: ModelInfo, streams: list, processes: int) -> 
                       batched=batched, grpc_compression=s.grpc_compression,
                       parameters=s.request_parameters,
                       input_json=s.input_tensor_format == "json",
-                      output_json=s.output_tensor_format == "json")
+                      output_json=s.output_tensor_format == "json", lean=lean)
     return [replace(base, index=i) for i in range(processes)]
 
 
@@ -91,6 +102,7 @@ def run(s: PerfSettings) -> int:
         try:
             model = model_mod.load(control, s.model, s.version, s.batch_size)
             check_model(s, model)
+            lean = use_lean(s, model)
             streams = inputs.load(model, s.input_data, s.shapes, s.string_length, s.string_data)
         except (model_mod.ModelError, inputs.InputError, UsageError) as e:
             _err(f"error: {e}")
@@ -107,13 +119,13 @@ def run(s: PerfSettings) -> int:
             start, end = s.concurrency_range[0], s.concurrency_range[1]
         else:
             start, end = s.rate_range[0], s.rate_range[1]
-        n = process_count(s.load_mode, start, end, s.max_threads)
+        n = process_count(s.load_mode, start, end, s.max_threads, lean=lean)
         try:
-            specs = _specs(s, model, streams, n)
+            specs = _specs(s, model, streams, n, lean)
         except inputs.InputError as e:
             _err(f"error: {e}")
             return GENERIC_ERROR
-        report.settings(s, model, n)
+        report.settings(s, model, n, lean=lean)
         manager = LoadManager(specs)
         if s.collect_metrics:
             sampler = server_stats.MetricsSampler(s.metrics_url, s.metrics_interval_ms)

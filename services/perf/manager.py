@@ -2,7 +2,8 @@
 fork do not mix), gives each its share of the concurrency, request rate and request budget,
 and merges what they measured.
 
-    profiler ──LoadManager──pipe──▶ process 0 (gevent or asyncio, slots 0, P, 2P, ...)
+    profiler ──LoadManager──pipe──▶ process 0 (lean: uvloop; tritonclient: gevent or asyncio;
+                                               slots 0, P, 2P, ...)
                            ──pipe──▶ process 1 ...
 """
 from __future__ import annotations
@@ -19,8 +20,11 @@ import numpy as np
 from services.perf.worker_core import RECORD, WorkerSpec
 
 READY_TIMEOUT_S = 120.0
-SLOTS_PER_PROCESS = 16        # concurrency one process drives before another starts
-RATE_PER_PROCESS = 1500.0     # requests/s one process schedules before another starts
+# The load one process drives before another starts (tritonclient's path; the lean path's)
+SLOTS_PER_PROCESS = 16
+RATE_PER_PROCESS = 1500.0     # requests/s
+LEAN_SLOTS_PER_PROCESS = 256
+LEAN_RATE_PER_PROCESS = 20000.0
 STOP_TIMEOUT_S = 40.0
 
 
@@ -32,7 +36,9 @@ def process_main(conn: Any, spec: WorkerSpec) -> None:
     """The entry of a load process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # (the profiler stops us on Ctrl-C)
     try:
-        if spec.protocol == "http":
+        if spec.lean:
+            from services.perf.load_lean import serve
+        elif spec.protocol == "http":
             from services.perf.load_http import serve
         else:
             from services.perf.load_grpc import serve
@@ -45,16 +51,16 @@ def process_main(conn: Any, spec: WorkerSpec) -> None:
 
 
 def process_count(load_mode: str, start: float, end: float, max_processes: int | None,
-                  cpus: int | None = None) -> int:
+                  cpus: int | None = None, lean: bool = False) -> int:
     """As many processes as the peak load needs, at most one per CPU (or --max-threads)."""
     cpus = cpus or os.cpu_count() or 1
     peak = max(start, end)
     if end == 0:   # (searching until the latency threshold: no known peak)
         want = cpus
     elif load_mode == "concurrency":
-        want = math.ceil(peak / SLOTS_PER_PROCESS)
+        want = math.ceil(peak / (LEAN_SLOTS_PER_PROCESS if lean else SLOTS_PER_PROCESS))
     else:
-        want = math.ceil(peak / RATE_PER_PROCESS)
+        want = math.ceil(peak / (LEAN_RATE_PER_PROCESS if lean else RATE_PER_PROCESS))
     n = max(1, min(want, cpus))
     return min(n, max_processes) if max_processes else n
 

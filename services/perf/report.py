@@ -20,7 +20,8 @@ def _us(ns: int, count: int = 1) -> int:
     return ns // (count * 1000) if count else 0
 
 
-def settings(s: PerfSettings, model: ModelInfo, processes: int, out: TextIO = sys.stdout) -> None:
+def settings(s: PerfSettings, model: ModelInfo, processes: int, out: TextIO = sys.stdout,
+             lean: bool = False) -> None:
     p = lambda text: print(text, file=out)   # noqa: E731
     p("*** Measurement Settings ***")
     p(f"  Batch size: {s.batch_size}")
@@ -58,7 +59,8 @@ def settings(s: PerfSettings, model: ModelInfo, processes: int, out: TextIO = sy
       "  Using synchronous calls for inference")
     if model.decoupled:
         p("  Detected decoupled model, using the first response for measuring latency")
-    p(f"  Load generator: {processes} process{'es' if processes > 1 else ''}")
+    p(f"  Load generator: {processes} process{'es' if processes > 1 else ''}, "
+      + ("lean (requests encoded once, our own connections)" if lean else "tritonclient"))
     p("")
 
 

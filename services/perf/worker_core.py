@@ -1,7 +1,8 @@
-"""The part of a load-generating process that does not depend on its runtime (gevent for
-HTTP, asyncio for gRPC): what it was asked to run (`WorkerSpec`), which data and sequence
-flags the next request carries (`RequestSource`), the record of every request, the control
-messages from the profiler and their answers (`WorkerState.handle`).
+"""The part of a load-generating process that does not depend on its runtime (the lean path
+on uvloop; tritonclient's: gevent for HTTP, asyncio for gRPC): what it was asked to run
+(`WorkerSpec`), which data and sequence flags the next request carries (`RequestSource`),
+the record of every request, the control messages from the profiler and their answers
+(`WorkerState.handle`).
 
 Control messages (profiler -> process, over a multiprocessing pipe; one answer each):
   ("load", {"concurrency": n} | {"rate": r, "distribution": d, "phase": s}, budget)
@@ -65,6 +66,7 @@ class WorkerSpec:
     parameters: dict[str, object] = field(default_factory=dict)
     input_json: bool = False
     output_json: bool = False
+    lean: bool = False              # the lean path (load_lean), else tritonclient's
     seed: int = 0
 
 

@@ -14,8 +14,10 @@ behaviour, not the server's steadiness.
 from __future__ import annotations
 
 import csv
+import json
 import os
 import re
+import socket
 import ssl
 import subprocess
 import sys
@@ -23,10 +25,16 @@ import sys
 import models
 import models_python
 import models_sequence
+import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import trustme
 from conftest import ROOT, start_server
+
+from services.perf import lean_h2, lean_http
+from services.perf.flags import SslSettings
+from services.perf.model import Tensor
+from services.perf.worker_core import WorkerSpec
 
 PA_CSV_HEADER = ["Concurrency", "Inferences/Second", "Client Send", "Network+Server Send/Recv",
                  "Server Queue", "Server Compute Input", "Server Compute Infer",
@@ -94,9 +102,12 @@ def test_http_sweep_prints_levels_summary_and_csv(srv, tmp_path):
     assert ips == sorted(ips) and ips[0] > 0   # (perf_analyzer's order: by throughput)
 
 
-def test_server_breakdown_is_the_statistics_delta(srv):
+@pytest.mark.parametrize("protocol,impl", [("grpc", "auto"), ("http", "auto"),
+                                           ("grpc", "tritonclient")])
+def test_server_breakdown_is_the_statistics_delta(srv, protocol, impl):
     """--request-count: one window around exactly N requests; what it prints for the server
-    is the statistics extension's delta over the run, to the microsecond."""
+    is the statistics extension's delta over the run, to the microsecond. On the lean path
+    (the default here) and on tritonclient's."""
     c = grpcclient.InferenceServerClient(srv.grpc_url)
 
     def stats():
@@ -107,14 +118,17 @@ def test_server_breakdown_is_the_statistics_delta(srv):
              "execution_count": int(s.get("execution_count", 0))}
     try:
         before = stats()
-        r = perf("-m", "add_sub", "-x", "1", "-i", "grpc", "-u", srv.grpc_url,
-                 "--concurrency-range", "4", "--request-count", "40", "-p", "300")
+        url = srv.grpc_url if protocol == "grpc" else srv.http_url
+        r = perf("-m", "add_sub", "-x", "1", "-i", protocol, "-u", url, "--concurrency-range",
+                 "4", "--request-count", "40", "-p", "300", "--load-impl", impl)
         assert r.returncode == 0, r.stderr + r.stdout
         after = stats()
     finally:
         c.close()
     d = {k: after[k] - before[k] for k in after}
     out = r.stdout
+    lean = impl == "auto"
+    assert ("Load generator: 1 process, lean" in out) == lean, out
     assert d["success"] == 40
     assert ints(r"    Request count: (\d+)", out) == [40]
     assert ints(r"Successful request count: (\d+)", out) == [40]
@@ -239,3 +253,93 @@ def test_mutual_tls_over_https_and_grpc(tmp_path):
         no_cert = perf("-m", "add_sub", "-u", f"https://{s.http_url}",
                        "--ssl-https-ca-certificates-file", str(pem["ca"]), *FAST)
         assert no_cert.returncode == 99   # (the server asks for a client certificate)
+
+
+# ---- the lean path (requests encoded once, our own HTTP/1.1 and HTTP/2 connections)
+
+def lean_spec(protocol: str, url: str, **kw) -> tuple[WorkerSpec, dict, dict]:
+    """add_sub's request as trireme perf makes it, and the outputs it must answer."""
+    rng = np.random.default_rng(7)
+    a, b = (rng.random((1, 16), dtype=np.float32) for _ in range(2))
+    io = [Tensor(f"INPUT{i}", "FP32", [-1, 16]) for i in (0, 1)]
+    outs = [Tensor(f"OUTPUT{i}", "FP32", [-1, 16]) for i in (0, 1)]
+    spec = WorkerSpec(index=0, processes=1, protocol=protocol, url=url, ssl=SslSettings(),
+                      headers={}, model="add_sub", version="1", inputs=io, outputs=outs,
+                      requests=[{"INPUT0": a, "INPUT1": b}], streams=[], sequence=None,
+                      lean=True, **kw)
+    return spec, spec.requests[0], {"OUTPUT0": a + b, "OUTPUT1": a - b}
+
+
+@pytest.mark.parametrize("output_json", [False, True])
+def test_one_lean_http_response_exactly(srv, output_json):
+    """The pre-encoded request's bytes on a keep-alive connection: every output exact, twice."""
+    spec, sample, want = lean_spec("http", srv.http_url, output_json=output_json)
+    raw = lean_http.http_request(spec, sample)
+    got: list = []
+    parser = lean_http.ResponseParser(lambda *r: got.append(r), keep_body=True)
+    with socket.create_connection(("127.0.0.1", int(srv.http_url.rsplit(":", 1)[1]))) as sock:
+        for n in (1, 2):
+            sock.sendall(raw)
+            while len(got) < n:
+                data = sock.recv(65536)
+                assert data, "the server closed the connection"
+                parser.feed(data)
+    for status, body, close in got:
+        assert (status, close) == (200, False)
+        header, end = json.JSONDecoder().raw_decode(body.decode("latin-1"))
+        blob, outputs = body[end:], {}
+        for o in header["outputs"]:
+            if output_json:
+                outputs[o["name"]] = np.array(o["data"], np.float32).reshape(o["shape"])
+            else:
+                n = o["parameters"]["binary_data_size"]
+                outputs[o["name"]] = np.frombuffer(blob[:n], np.float32).reshape(o["shape"])
+                blob = blob[n:]
+        assert outputs.keys() == want.keys()
+        for k, v in want.items():
+            assert np.array_equal(outputs[k], v), k
+
+
+def test_one_lean_grpc_response_exactly(srv):
+    """The pre-serialised ModelInferRequest, as bytes through a gRPC stack: outputs exact."""
+    import grpc
+    from tritonclient.grpc import service_pb2  # type: ignore[import-untyped]
+    spec, sample, want = lean_spec("grpc", srv.grpc_url)
+    msg = lean_h2.grpc_message(spec, sample)
+    with grpc.insecure_channel(srv.grpc_url) as ch:
+        call = ch.unary_unary(lean_h2.METHOD.decode())
+        resp = service_pb2.ModelInferResponse.FromString(call(msg[5:], timeout=30))
+    got = {o.name: np.frombuffer(raw, np.float32).reshape(list(o.shape))
+           for o, raw in zip(resp.outputs, resp.raw_output_contents)}
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        assert np.array_equal(got[k], v), k
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_lean_request_rate(srv, protocol):
+    url = srv.grpc_url if protocol == "grpc" else srv.http_url
+    r = perf("-m", "add_sub", "-i", protocol, "-u", url, "--request-rate-range", "200",
+             "--request-distribution", "poisson", *FAST)
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert "Load generator: 1 process, lean" in r.stdout
+    assert ints(r"    Request count: (\d+)", r.stdout)[0] > 0
+    assert re.search(r"^Request Rate: 200, throughput: [\d.]+ infer/sec", r.stdout, re.M)
+
+
+def test_lean_errors_end_the_run_with_the_servers_text(srv):
+    r = perf("-m", "add_sub", "-u", srv.http_url, "--shape", "INPUT0:3", "--shape", "INPUT1:3",
+             *FAST)
+    assert r.returncode == 99, r.stderr + r.stdout
+    assert "Thread [0] had error: [400]" in r.stderr
+    g = perf("-m", "add_sub", "-i", "grpc", "-u", srv.grpc_url, "--shape", "INPUT0:3",
+             "--shape", "INPUT1:3", *FAST)
+    assert g.returncode == 99, g.stderr + g.stdout
+    assert "Thread [0] had error: [StatusCode.INVALID_ARGUMENT]" in g.stderr
+
+
+def test_load_impl_lean_refuses_what_it_does_not_cover(srv):
+    r = perf("-m", "add_sub", "-u", srv.http_url, "--shared-memory", "system",
+             "--load-impl", "lean")
+    assert r.returncode == 99
+    assert "--load-impl lean does not cover --shared-memory system" in r.stderr

@@ -57,6 +57,9 @@ def test_shares_and_process_count():
     assert shares(40, [3, 1]) == [30, 10]
     assert shares(5, [0, 0]) == [0, 0]
     assert process_count("concurrency", 64, 64, None, cpus=2) == 2
+    assert process_count("concurrency", 64, 64, None, cpus=8, lean=True) == 1
+    assert process_count("concurrency", 1024, 1024, None, cpus=8, lean=True) == 4
+    assert process_count("request_rate", 30000, 1, None, cpus=8, lean=True) == 2
     assert process_count("concurrency", 1, 1, None, cpus=8) == 1
     assert process_count("concurrency", 64, 64, 1, cpus=8) == 1
     assert process_count("request_rate", 100, 1, None, cpus=8) == 1
