@@ -207,6 +207,15 @@ def run_wrk(srv: Server, model: str | None, x: np.ndarray | None, tmp: Path, dur
     else:
         lua.write_text(WRK_DONE)
         url = f"http://{srv.http}/v2/health/ready"
+    return wrk_measure(srv, lua, url, duration, conns, threads, model=model,
+                       meter_pids=meter_pids, warmup_s=warmup_s, snapshot=snapshot)
+
+
+def wrk_measure(srv: Server, lua: Path, url: str, duration: int, conns: int, threads: int,
+                model: str | None = None, meter_pids: dict | None = None,
+                warmup_s: float = 2.0, snapshot=None) -> dict:
+    """wrk with the script ``lua`` (which ends with WRK_DONE) against ``url``: a warm-up
+    run, then the measured one with the server's CPU metered; its figures parsed."""
     # A short warm-up so every connection is open and the caches are hot.
     if warmup_s > 0:
         subprocess.run(["wrk", "-t", str(threads), "-c", str(conns), "-d", f"{warmup_s:g}s",

@@ -58,7 +58,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_load import WRK_DONE, run_h2load
+from bench_load import WRK_DONE, run_h2load, wrk_measure
 from bench_server import (
     ROOT,
     CpuMeter,
@@ -151,25 +151,7 @@ def run_wrk_request(srv: Server, request: bytes, tmp: Path, duration: int, conns
     script = tmp / "wrk-perf-request.lua"
     script.write_text("\n".join(lua) + "\n" + WRK_DONE)
     url = f"http://{srv.http}{line.split()[1]}"
-    subprocess.run(["wrk", "-t", str(threads), "-c", str(conns), "-d", "2s", "-s", str(script),
-                    url], capture_output=True, text=True, timeout=60)   # (warm-up)
-    meter = CpuMeter(srv.processes())
-    cmd = ["wrk", "-t", str(threads), "-c", str(conns), "-d", f"{duration}s", "--latency",
-           "-s", str(script), url]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    meter.add("wrk", p.pid)
-    time.sleep(max(0.0, duration - 0.5))
-    used = meter.sample()
-    out, _ = p.communicate(timeout=duration + 60)
-    m = re.search(r"^BENCH (.*)$", out, re.M)
-    rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
-    if not m or not rps:
-        raise RuntimeError(f"could not parse wrk output:\n{out}")
-    vals = {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
-    non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
-    return {"rps": float(rps.group(1)), **vals, "non2xx_line": int(non2xx.group(1)) if non2xx
-            else 0, "cpu_pct": meter.percent(used, float(rps.group(1))), "cmd": " ".join(cmd),
-            "raw": out}
+    return wrk_measure(srv, script, url, duration, conns, threads)
 
 
 def run_tool(srv: Server, protocol: str, conns: int, duration: int, tmp: Path,
