@@ -247,7 +247,7 @@ LOAD_FAILED_TEXT = "error: creating server: Internal - failed to load all models
 
 async def _run_scheduler(settings, frontend_cmds: list[list[str]], exit_timeout: float,
                          in_process: Any = None, exit_on_error: bool = False,
-                         pass_fds: tuple[int, ...] = ()) -> int:
+                         pass_fds: list[tuple[int, ...]] | None = None) -> int:
     """The scheduler, its frontend processes (``frontend_cmds``) or the one frontend that runs
     on its event loop (``in_process``: its FrontendSettings). ``exit_on_error``
     (--exit-on-error): a model that fails to load at start-up stops the server, exit code 1
@@ -275,7 +275,7 @@ async def _run_scheduler(settings, frontend_cmds: list[list[str]], exit_timeout:
 
     for i, cmd in enumerate(frontend_cmds):
         h = ProcessHandle(f"frontend {i}", "services.frontend.main", cmd, on_exit=frontend_exited,
-                          pass_fds=pass_fds)
+                          pass_fds=pass_fds[i] if pass_fds else ())
         await h.start()
         frontends.append(h)
     embedded = None
@@ -369,24 +369,26 @@ def _taken_port(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _listening(args: argparse.Namespace) -> dict[str, socket.socket]:
-    """The HTTP and gRPC sockets every frontend of this server accepts on (listen.py);
-    OSError with Triton's text when another process holds a port. grpc.aio binds its own."""
+def _listening(args: argparse.Namespace, count: int) -> list[dict[str, socket.socket]]:
+    """For each of ``count`` frontends, its HTTP and gRPC sockets (listen.py); PortTaken
+    with Triton's text when another process holds a port. grpc.aio binds its own."""
     from services.frontend.listen import bind
-    out: dict[str, socket.socket] = {}
+    out: list[dict[str, socket.socket]] = [{} for _ in range(count)]
     for which, service, port, used in (
             ("grpc", "GRPC", args.grpc_port, args.allow_grpc and args.grpc_impl == "native"),
             ("http", "HTTP", args.http_port, args.allow_http)):
         if not used:
             continue
-        try:
-            out[which] = bind(args.host, port)
-        except OSError as e:
-            for s in out.values():
-                s.close()
-            if e.errno == errno.EADDRINUSE:
-                raise PortTaken(service, args.host, port) from None
-            raise
+        for mine in out:
+            try:
+                mine[which] = bind(args.host, port)
+            except OSError as e:
+                for s in (s for m in out for s in m.values()):
+                    s.close()
+                if e.errno == errno.EADDRINUSE:
+                    raise PortTaken(service, args.host, port) from None
+                raise
+            port = mine[which].getsockname()[1]   # (port 0: the siblings take the same)
     return out
 
 
@@ -415,26 +417,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
             log.error("%s", taken)
             return 1
         try:   # the frontends' sockets, bound here: only this server's processes share them
-            listening = _listening(args)
+            listening = _listening(args, 1 if args.in_process_frontend else args.frontends)
         except PortTaken as e:
             log.error("%s", e)
             return 1
-        fds = {which: s.fileno() for which, s in listening.items()}
+        fds = [{which: s.fileno() for which, s in mine.items()} for mine in listening]
         if args.in_process_frontend:
             embedded = checked_settings(args, settings.frontend_addr,
                                         f"{scheme}://{run_dir}/results-0.sock")
-            embedded.http_listen_fd = fds.get("http", -1)
-            embedded.grpc_listen_fd = fds.get("grpc", -1)
+            embedded.http_listen_fd = fds[0].get("http", -1)
+            embedded.grpc_listen_fd = fds[0].get("grpc", -1)
             return _asyncio_run(_run_scheduler(settings, [], args.exit_timeout_secs, embedded,
                                                args.exit_on_error))
         forwarded = frontend_argv(args)   # every flag add_frontend_args defines, as parsed
-        inherit = [a for which, fd in fds.items() for a in (f"--{which}-listen-fd", str(fd))]
         cmds = [["--scheduler", settings.frontend_addr,
-                 "--result-addr", f"{scheme}://{run_dir}/results-{i}.sock", *inherit, *forwarded]
+                 "--result-addr", f"{scheme}://{run_dir}/results-{i}.sock",
+                 *(a for which, fd in fds[i].items() for a in (f"--{which}-listen-fd", str(fd))),
+                 *forwarded]
                 for i in range(args.frontends)]
         return _asyncio_run(_run_scheduler(settings, cmds, args.exit_timeout_secs,
                                            exit_on_error=args.exit_on_error,
-                                           pass_fds=tuple(fds.values())))
+                                           pass_fds=[tuple(f.values()) for f in fds]))
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 

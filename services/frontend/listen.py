@@ -1,11 +1,12 @@
-"""Where a frontend's HTTP and gRPC servers listen. The frontends of one `trireme serve`
-share sockets it bound and handed down (--http-listen-fd, --grpc-listen-fd): the kernel
-spreads the connections over the processes that accept on them, and no other process can
-join, because the sockets are bound without SO_REUSEPORT, so a second server, or a stray
-`trireme frontend`, on the same ports fails to bind instead of taking part of the traffic.
-A frontend run alone binds its own, shared with other frontends only when it is told to
-(--reuse-port: the compose topology's frontends, one network namespace, one port pair).
-grpc.aio (--grpc-impl aio) binds by address only: its frontends share by SO_REUSEPORT."""
+"""Where a frontend's HTTP and gRPC servers listen. `trireme serve` binds one socket per
+frontend and port itself and hands each frontend its own (--http-listen-fd,
+--grpc-listen-fd): SO_REUSEPORT on them lets the kernel spread the connections over the
+frontends, and a frontend restarted gets the same socket back, its waiting connections
+kept. A second server probes the ports with a plain bind first and stops; a stray
+`trireme frontend` binds without SO_REUSEPORT unless told to (--reuse-port, which the
+compose topology's frontends pass to share one port pair), so it cannot take part of a
+server's traffic by accident. grpc.aio (--grpc-impl aio) binds by address only: its
+frontends share by SO_REUSEPORT."""
 from __future__ import annotations
 
 import os
@@ -16,12 +17,14 @@ BACKLOG = 1024
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on host:port that the frontend processes inherit (raises
-    OSError, EADDRINUSE when another process holds the port)."""
+    """A listening TCP socket on host:port for one frontend to inherit, SO_REUSEPORT set so
+    that its siblings' join it (raises OSError, EADDRINUSE when another process holds the
+    port)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     s = socket.socket(family, socket.SOCK_STREAM)
     try:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         s.bind((host, port))
         s.listen(BACKLOG)
         s.set_inheritable(True)

@@ -1,9 +1,9 @@
-"""A second server, or a stray `trireme frontend`, cannot take a running server's ports:
-the server's frontends accept on sockets it bound without SO_REUSEPORT and handed down
-(services/frontend/listen.py), so another process's bind fails instead of taking part of
-the traffic. A second server stops within seconds with Triton's text and exit code 1, a
-stray frontend with the same words; the first server answers every request. Frontends run
-alone share a port pair only when told (--reuse-port)."""
+"""A second server, or a stray `trireme frontend`, cannot take a running server's ports by
+accident: the server's frontends accept on sockets it bound and handed down
+(services/frontend/listen.py), a second server probes with a plain bind, and a frontend run
+alone shares a port only when told (--reuse-port). A second server stops within seconds
+with Triton's text and exit code 1, a stray frontend with the same words; the first server
+answers every request."""
 from __future__ import annotations
 
 import subprocess
@@ -64,8 +64,7 @@ def test_a_stray_frontend_on_a_taken_port_stops(server, service):
     ports[service] = server.http_port if service == "HTTP" else server.grpc_port
     r = subprocess.run([sys.executable, "-m", "services.cli", "frontend", "--scheduler",
                         f"stream://127.0.0.1:{free_port()}", "--host", "127.0.0.1",
-                        "--http-port", str(ports["HTTP"]), "--grpc-port", str(ports["GRPC"]),
-                        "--reuse-port", "true"],
+                        "--http-port", str(ports["HTTP"]), "--grpc-port", str(ports["GRPC"])],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 1, r
     assert (f"failed to start {service} service: Unavailable - Socket '127.0.0.1:{ports[service]}' "
