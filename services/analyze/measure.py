@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import os
 import re
 import socket
 import subprocess
@@ -16,6 +17,8 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from services.common.procutil import die_with_parent
 
 START_TIMEOUT_S = 180.0
 LOAD_TIMEOUT_S = 300.0
@@ -99,8 +102,10 @@ class Target:
                self.model, "--exit-on-error", "false", "--host", self.host,
                "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
                "--metrics-port", str(self.metrics_port)]
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        parent = os.getpid()
+        with open(self.log_path, "ab") as log:   # (a killed analyze takes its server along)
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                         preexec_fn=lambda: die_with_parent(parent))
         self._wait_ready()
 
     def _wait_ready(self) -> None:

@@ -102,3 +102,19 @@ def test_refusals(repo, tmp_path):
     r = analyze(repo, tmp_path / "bad", "-m", "ident", "--instance-counts", "x")
     assert r.returncode == 2
     assert "argument --instance-counts: expected comma-separated integers, got 'x'" in r.stderr
+
+
+def test_a_killed_analyze_takes_its_server_along(repo, tmp_path):
+    import psutil
+    from conftest import wait_until
+    cmd = [sys.executable, "-m", "services.cli", "analyze", "--model-repository", str(repo),
+           "--output", str(tmp_path / "out"), "-m", "ident", "--concurrency", "1", "-p", "300"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        server = wait_until(lambda: psutil.Process(proc.pid).children(), 60, "its server")[0]
+        family = [server, *server.children(recursive=True)]
+    finally:
+        proc.kill()
+        proc.wait(30)
+    wait_until(lambda: not [p for p in family if p.is_running()
+                            and p.status() != psutil.STATUS_ZOMBIE], 30, "its server to exit")
